@@ -1,0 +1,195 @@
+"""Claiming a job: one atomic create or compare-and-set per attempt.
+
+A new job is claimed with ``create`` (fails if the document exists), the
+common case, in one RPC. An existing job is read, :func:`decide` says what
+its state allows, and a take-over is written with ``update`` conditioned on
+the version just read: if anyone wrote in between, the claim is decided
+again from a fresh read. No lock is held between the read and the write.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+
+from . import store as s
+from .errors import StoreError
+from .keys import JobIdentity, display
+from .store import AlreadyExists, JobRecord, JobStore, Status, Version, VersionConflict
+
+__all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide"]
+
+_LOGGER = logging.getLogger(__name__)
+_MAX_ROUNDS = 20
+
+
+class ClaimKind(str, Enum):
+    """The answer to a claim."""
+
+    CLAIMED = "claimed"
+    """This delivery owns the job at a new epoch: run it."""
+    COMPLETED = "completed"
+    """The job is done: ack without running anything."""
+    FAILED = "failed"
+    """The job is in the failure path already: ack."""
+    BUSY = "busy"
+    """Another owner holds a live lease: do not run; try again after ``busy_until``."""
+    CONFLICT = "conflict"
+    """The key was used for another payload: this message goes to the failure path."""
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Who asks to claim which job."""
+
+    identity: JobIdentity
+    owner: str
+    message_id: str
+    delivery: str
+    lease_s: float
+    retention_s: float
+    superseded: Callable[[str, str], bool]
+    """``superseded(message_id, delivery)``: this process knows a newer delivery exists."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of :func:`claim`."""
+
+    kind: ClaimKind
+    record: JobRecord | None = None
+    version: Version | None = None
+    busy_until: datetime | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token of a successful claim."""
+        assert self.record is not None
+        return self.record.epoch
+
+
+def now_utc() -> datetime:
+    """The current time, timezone-aware (Firestore stores UTC timestamps)."""
+    return datetime.now(timezone.utc)
+
+
+def decide(record: JobRecord, request: ClaimRequest, now: datetime) -> ClaimKind:
+    """What the stored state allows this delivery to do. Pure: no I/O.
+
+    Order matters: a payload conflict is reported even for a completed job,
+    so a second operation under a used key is never silently dropped.
+    """
+    if record.payload_sha256 not in (None, request.identity.payload_sha256):
+        return ClaimKind.CONFLICT
+    if record.status is Status.COMPLETED:
+        return ClaimKind.COMPLETED
+    if record.status is Status.FAILED:
+        return ClaimKind.FAILED
+    if record.status is Status.RUNNING:
+        live = record.lease_expires_at is not None and record.lease_expires_at > now
+        ours_superseded = (
+            record.owner == request.owner
+            and record.message_id == request.message_id
+            and record.delivery is not None
+            and record.delivery != request.delivery
+            and request.superseded(record.message_id, record.delivery)
+        )
+        if live and not ours_superseded:
+            return ClaimKind.BUSY
+    return ClaimKind.CLAIMED
+
+
+def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
+    identity = request.identity
+    return {
+        s.KEY: display(identity.key),
+        s.SUBSCRIPTION: identity.subscription,
+        s.STATUS: Status.RUNNING.value,
+        s.EPOCH: 1,
+        s.OWNER: request.owner,
+        s.MESSAGE_ID: request.message_id,
+        s.DELIVERY: request.delivery,
+        s.LEASE_EXPIRES_AT: now + timedelta(seconds=request.lease_s),
+        s.ATTEMPTS: 1,
+        s.PAYLOAD_SHA256: identity.payload_sha256,
+        s.FIRST_SEEN_AT: now,
+        s.UPDATED_AT: now,
+        s.EXPIRE_AT: now + timedelta(seconds=request.retention_s),
+    }
+
+
+def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) -> Claim:
+    """Claim the job for this delivery, atomically.
+
+    ``exists_hint`` skips the optimistic create when the caller knows the
+    job was seen before (a redelivery). Raises
+    :class:`~pubsub_worker.errors.StoreError` if the store keeps failing.
+    """
+    doc_id = request.identity.doc_id
+    try_create = not exists_hint
+    for _ in range(_MAX_ROUNDS):
+        now = now_utc()
+        if try_create:
+            fields = _new_fields(request, now)
+            try:
+                version = store.create(doc_id, fields)
+            except AlreadyExists:
+                try_create = False
+            else:
+                return Claim(ClaimKind.CLAIMED, JobRecord.parse(fields), version)
+        snap = store.get(doc_id)
+        if snap is None:
+            try_create = True
+            continue
+        record = JobRecord.parse(snap.fields)
+        if (
+            record.status is Status.RUNNING
+            and record.owner == request.owner
+            and record.delivery == request.delivery
+        ):
+            # Our own claim, landed by an earlier round whose reply was lost.
+            return Claim(ClaimKind.CLAIMED, record, snap.version)
+        kind = decide(record, request, now)
+        if kind is ClaimKind.BUSY:
+            return Claim(kind, record, snap.version, busy_until=record.lease_expires_at)
+        if kind is not ClaimKind.CLAIMED:
+            return Claim(kind, record, snap.version)
+        changes: dict[tuple[str, ...], Any] = {
+            (s.STATUS,): Status.RUNNING.value,
+            (s.EPOCH,): record.epoch + 1,
+            (s.OWNER,): request.owner,
+            (s.MESSAGE_ID,): request.message_id,
+            (s.DELIVERY,): request.delivery,
+            (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=request.lease_s),
+            (s.ATTEMPTS,): record.attempts + 1,
+            (s.UPDATED_AT,): now,
+        }
+        if record.payload_sha256 is None:
+            changes[(s.PAYLOAD_SHA256,)] = request.identity.payload_sha256
+        try:
+            version = store.update(doc_id, changes, expected=snap.version)
+        except VersionConflict:
+            _LOGGER.debug("claim of %s raced another writer; deciding again", doc_id)
+            time.sleep(random.uniform(0.0, 0.02))
+            continue
+        taken = JobRecord(
+            status=Status.RUNNING,
+            epoch=record.epoch + 1,
+            owner=request.owner,
+            message_id=request.message_id,
+            delivery=request.delivery,
+            lease_expires_at=now + timedelta(seconds=request.lease_s),
+            attempts=record.attempts + 1,
+            payload_sha256=request.identity.payload_sha256,
+            steps=record.steps,
+            outbox=record.outbox,
+            error=record.error,
+        )
+        return Claim(ClaimKind.CLAIMED, taken, version)
+    raise StoreError(f"claim of job {doc_id} did not settle after {_MAX_ROUNDS} rounds")

@@ -1,0 +1,123 @@
+"""Google clients configured for a worker, and the start-up checks that use them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import google.cloud.pubsub_v1 as pubsub_v1
+import grpc
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
+
+from .errors import ConfigError, Unreachable
+from .settings import Settings
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "check_firestore",
+    "check_subscription",
+    "firestore_client",
+    "publisher_client",
+    "publisher_function",
+    "subscriber_client",
+]
+
+# Exactly-once error trailers list every refused ack id; ~80 of them overflow gRPC's
+# default 8 KiB metadata limit and break the stream (and once, the lease thread).
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_metadata_size", 4 * 1024 * 1024),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.keepalive_time_ms", 30_000),
+)
+
+_CHECK_TIMEOUT_S = 10.0
+
+
+def _emulator(settings: Settings | None, name: str) -> str | None:
+    value = getattr(settings, name, None) if settings is not None else None
+    return value or os.environ.get(name.upper()) or None
+
+
+def subscriber_client(settings: Settings | None = None) -> pubsub_v1.SubscriberClient:
+    """A subscriber whose channel accepts large exactly-once error trailers."""
+    host = _emulator(settings, "pubsub_emulator_host")
+    if host:
+        channel = grpc.insecure_channel(host, options=list(CHANNEL_OPTIONS))
+        return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+
+    def make_channel(*args: Any, options: Any = (), **kwargs: Any) -> grpc.Channel:
+        merged = dict(options or ())
+        merged.update(CHANNEL_OPTIONS)
+        return SubscriberGrpcTransport.create_channel(*args, options=list(merged.items()), **kwargs)
+
+    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=make_channel))
+
+
+def publisher_client(settings: Settings | None = None) -> pubsub_v1.PublisherClient:
+    """A publisher (the emulator is picked up from ``PUBSUB_EMULATOR_HOST``)."""
+    del settings
+    return pubsub_v1.PublisherClient()
+
+
+def publisher_function(
+    publisher: pubsub_v1.PublisherClient,
+) -> Callable[[str, bytes, Mapping[str, str]], Future[str]]:
+    """Adapt a publisher to the ``(topic_path, data, attributes) -> Future`` shape."""
+
+    def publish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
+        return publisher.publish(topic, data, **attributes)  # type: ignore[no-any-return]
+
+    return publish
+
+
+def firestore_client(settings: Settings) -> firestore.Client:
+    """A Firestore client for the project (the emulator via ``FIRESTORE_EMULATOR_HOST``)."""
+    return firestore.Client(project=settings.project_id)
+
+
+def check_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Settings) -> bool:
+    """Whether the subscription has exactly-once delivery; errors name what to fix.
+
+    Raises :class:`ConfigError` for a missing subscription, and
+    :class:`Unreachable` when Pub/Sub does not answer.
+    """
+    path = settings.subscription_path
+    try:
+        subscription = subscriber.get_subscription(
+            request={"subscription": path}, timeout=_CHECK_TIMEOUT_S
+        )
+    except gexc.NotFound as exc:
+        raise ConfigError(
+            f"PUBSUB_WORKER_SUBSCRIPTION: subscription {path} does not exist"
+        ) from exc
+    except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError) as exc:
+        where = _emulator(settings, "pubsub_emulator_host")
+        hint = (
+            f"the emulator at {where} (PUBSUB_EMULATOR_HOST); is it running? "
+            "`python -m emulator up` starts one"
+            if where
+            else "pubsub.googleapis.com"
+        )
+        raise Unreachable(f"Pub/Sub did not answer: {hint} ({exc})") from exc
+    return bool(subscription.enable_exactly_once_delivery)
+
+
+def check_firestore(client: firestore.Client, settings: Settings) -> None:
+    """One cheap read, so an unreachable Firestore fails at start-up with a clear error."""
+    try:
+        client.collection(settings.collection).document("pubsub-worker-start-check").get(
+            timeout=_CHECK_TIMEOUT_S
+        )
+    except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError) as exc:
+        where = _emulator(settings, "firestore_emulator_host")
+        hint = (
+            f"the emulator at {where} (FIRESTORE_EMULATOR_HOST); is it running?"
+            if where
+            else "firestore.googleapis.com"
+        )
+        raise Unreachable(f"Firestore did not answer: {hint} ({exc})") from exc

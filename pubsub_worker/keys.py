@@ -1,0 +1,105 @@
+"""Job identity: the effect key of a message and the document id derived from it.
+
+The key names the *logical* operation, not the delivery: it is read from the
+configured key attribute (``PUBSUB_WORKER_KEY_ATTRIBUTE``) or, when none is
+configured, it is the message id. Keys are attacker-controlled input, so the
+Firestore document id is never the raw key: it is
+``sha256(subscription NUL key)`` in hex, which is always a valid document id
+whatever the key holds (``/``, ``..``, ``__x__``, 2 KB, lone surrogates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import InvalidMessage
+
+__all__ = [
+    "KEY_DISPLAY_BYTES",
+    "REPLAY_OF_ATTRIBUTE",
+    "JobIdentity",
+    "derive_identity",
+    "display",
+    "document_id",
+    "payload_digest",
+]
+
+# A key is stored for humans and queries only up to this many bytes; the hash is the identity.
+KEY_DISPLAY_BYTES = 1024
+
+# Set by ``pubsub-worker replay`` when it republishes a failed job whose key was its
+# message id: the replayed message keeps the original key instead of getting a new one.
+REPLAY_OF_ATTRIBUTE = "pubsub_worker_replay_of"
+
+
+def _raw(text: str) -> bytes:
+    # surrogatepass: a str that is not valid UTF-8 (lone surrogates) still hashes, never raises.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def display(text: str, limit: int = KEY_DISPLAY_BYTES) -> str:
+    """``text`` made safe to store and log: valid UTF-8, at most ``limit`` bytes (then ``…``)."""
+    raw = _raw(text)
+    shown = raw[:limit].decode("utf-8", "replace")
+    return shown if len(raw) <= limit else shown + "…"
+
+
+def document_id(subscription: str, key: str, *, namespace: str = "job") -> str:
+    """The Firestore document id of a job: a hex SHA-256, never the raw key.
+
+    ``namespace`` separates records that are not jobs of that key (for
+    example a message rejected before it became a job) from the job itself.
+    """
+    digest = hashlib.sha256()
+    for part in (namespace, subscription, key):
+        raw = _raw(part)
+        digest.update(len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    return digest.hexdigest()
+
+
+def payload_digest(data: bytes) -> str:
+    """SHA-256 of the message data: one key with two different payloads is a conflict."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who a message is, as a job: its subscription-scoped key and document id."""
+
+    subscription: str
+    key: str
+    doc_id: str
+    payload_sha256: str
+
+
+def derive_identity(
+    *,
+    subscription: str,
+    message_id: str,
+    attributes: Mapping[str, str],
+    data: bytes,
+    key_attribute: str | None,
+) -> JobIdentity:
+    """The job identity of a message.
+
+    Raises :class:`InvalidMessage` when ``key_attribute`` is configured and
+    the message lacks it or has it empty: falling back to the message id
+    would silently process one operation twice.
+    """
+    if key_attribute is not None:
+        key = attributes.get(key_attribute)
+        if key is None:
+            raise InvalidMessage(f"key attribute {key_attribute!r} is missing")
+        if key == "":
+            raise InvalidMessage(f"key attribute {key_attribute!r} is empty")
+    else:
+        key = attributes.get(REPLAY_OF_ATTRIBUTE) or message_id
+    return JobIdentity(
+        subscription=subscription,
+        key=key,
+        doc_id=document_id(subscription, key),
+        payload_sha256=payload_digest(data),
+    )

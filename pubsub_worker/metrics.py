@@ -1,0 +1,106 @@
+"""Counters and gauges of a worker, kept in process and exported through OpenTelemetry.
+
+The in-process :class:`Metrics` is always there (``wrapper.metrics.snapshot()``);
+when ``opentelemetry-api`` is installed (``pip install 'pubsub-worker[otel]'``)
+every counter is also an OpenTelemetry counter named ``pubsub_worker.<name>``
+and the gauges are observable gauges, reported to whatever SDK the
+application configured (without an SDK they cost nothing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+__all__ = ["Counter", "Metrics"]
+
+
+class Counter(str, Enum):
+    """What a worker counts. Each member is one monotonically increasing counter."""
+
+    RECEIVED = "received"
+    """Deliveries handed to the wrapper."""
+    COMPLETED = "completed"
+    """Jobs this worker completed (completion record committed)."""
+    ALREADY_DONE = "already_done"
+    """Deliveries of a job that was already completed or failed: acked without running."""
+    STEPS_RUN = "steps_run"
+    """Step functions run (a skipped, recorded step is not counted)."""
+    STEPS_SKIPPED = "steps_skipped"
+    """Steps answered from their record on a redelivery."""
+    RETRIED = "retried"
+    """Jobs released after a retryable failure, for another attempt."""
+    FAILED = "failed"
+    """Jobs sent to the reviewed failure path (dead-letter arrivals)."""
+    LOST_OWNERSHIP = "lost_ownership"
+    """Callbacks stopped because another delivery or owner took over."""
+    ACKS_LOST = "acks_lost"
+    """Acks refused with INVALID_ACK_ID/FAILED_PRECONDITION after completion (job is done)."""
+    ACK_ERRORS = "ack_errors"
+    """Acks that failed otherwise or timed out (a redelivery will ack)."""
+    BUSY = "busy"
+    """Deliveries not run because another owner held a live lease."""
+    RENEWALS = "renewals"
+    """Lease renewals sent because the job made progress."""
+    RENEWAL_FAILURES = "renewal_failures"
+    """Lease renewals that failed."""
+    ABANDONED = "abandoned"
+    """Jobs abandoned after MAX_PROCESSING_SECONDS."""
+    OUTBOX_PUBLISHED = "outbox_published"
+    """Outbox messages published."""
+
+
+class Metrics:
+    """Thread-safe counters plus gauges read from callbacks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _counts
+        self._counts: dict[Counter, int] = dict.fromkeys(Counter, 0)
+        self._gauges: dict[str, Callable[[], float]] = {}
+        self._otel: dict[Counter, Any] = {}
+        try:
+            from opentelemetry import metrics as otel_metrics  # noqa: PLC0415
+        except ImportError:
+            self._meter: Any = None
+        else:
+            self._meter = otel_metrics.get_meter("pubsub_worker")
+            for counter in Counter:
+                self._otel[counter] = self._meter.create_counter(
+                    f"pubsub_worker.{counter.value}", description=counter.__doc__ or ""
+                )
+
+    def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
+        """Add ``amount`` to ``counter``."""
+        with self._lock:
+            self._counts[counter] += amount
+        instrument = self._otel.get(counter)
+        if instrument is not None:
+            instrument.add(amount, attributes)
+
+    def gauge(self, name: str, read: Callable[[], float], description: str) -> None:
+        """Register a gauge whose value ``read()`` returns when observed."""
+        self._gauges[name] = read
+        if self._meter is not None:
+            from opentelemetry.metrics import CallbackOptions, Observation  # noqa: PLC0415
+
+            def observe(_options: CallbackOptions) -> list[Observation]:
+                return [Observation(read())]
+
+            self._meter.create_observable_gauge(
+                f"pubsub_worker.{name}", callbacks=[observe], description=description
+            )
+
+    def get(self, counter: Counter) -> int:
+        """The current value of one counter."""
+        with self._lock:
+            return self._counts[counter]
+
+    def snapshot(self) -> dict[str, float]:
+        """Every counter and gauge by name."""
+        with self._lock:
+            values: dict[str, float] = {c.value: n for c, n in self._counts.items()}
+        for name, read in self._gauges.items():
+            values[name] = read()
+        return values

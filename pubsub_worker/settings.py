@@ -1,0 +1,269 @@
+"""Settings, parsed once from environment variables at start-up.
+
+Every variable has the prefix ``PUBSUB_WORKER_`` except the three the Google
+client libraries read themselves (``GOOGLE_CLOUD_PROJECT``,
+``PUBSUB_EMULATOR_HOST``, ``FIRESTORE_EMULATOR_HOST``). A bad value raises
+:class:`~pubsub_worker.errors.ConfigError` naming the variable and what it
+accepts; nothing here reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "Settings"]
+
+ENV_PREFIX = "PUBSUB_WORKER_"
+
+_RESOURCE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$")
+_PROJECT_ID = re.compile(r"^[a-z][a-z0-9\-:.]{1,61}[a-z0-9]$|^[a-z][a-z0-9\-]{0,4}$")
+_FULL_PATH = re.compile(
+    r"^projects/(?P<project>[^/]+)/(?P<kind>subscriptions|topics)/(?P<id>[^/]+)$"
+)
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
+
+# What each variable accepts, for error messages.
+_ACCEPTS: dict[str, str] = {
+    "subscription": "projects/PROJECT/subscriptions/ID, or an ID with GOOGLE_CLOUD_PROJECT set",
+    "project": "a Google Cloud project id (lowercase letters, digits, hyphens)",
+    "collection": (
+        "a Firestore collection id: no '/', not '.', '..' or __name__, at most 1500 bytes"
+    ),
+    "key_attribute": "a message attribute name, 1 to 256 characters",
+    "lease_seconds": "whole seconds from 10 to 600 (Pub/Sub's ack deadline range)",
+    "max_processing_seconds": "whole seconds from 10 to 86400, at least LEASE_SECONDS",
+    "max_attempts": "a whole number from 1 to 100",
+    "failure_topic": "projects/PROJECT/topics/ID, or a topic ID with GOOGLE_CLOUD_PROJECT set",
+    "allow_at_least_once": "true or false",
+    "max_messages": "a whole number from 1 to 1000",
+    "ack_timeout_seconds": "seconds from 1 to 600",
+    "shutdown_grace_seconds": "seconds from 0 to 3600",
+    "retention_days": "whole days from 1 to 3650",
+    "outbox_key_attribute": "a message attribute name, 1 to 256 characters",
+    "log_format": "text or json",
+    "pubsub_emulator_host": "HOST:PORT",
+    "firestore_emulator_host": "HOST:PORT",
+}
+
+_UNPREFIXED = {
+    "project": "GOOGLE_CLOUD_PROJECT",
+    "pubsub_emulator_host": "PUBSUB_EMULATOR_HOST",
+    "firestore_emulator_host": "FIRESTORE_EMULATOR_HOST",
+}
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field``."""
+    return _UNPREFIXED.get(field, ENV_PREFIX + field.upper())
+
+
+class Settings(BaseSettings):
+    """Configuration of a worker, from ``PUBSUB_WORKER_*`` environment variables.
+
+    Build it with :meth:`from_env`; keyword arguments override the
+    environment. Instances are frozen. Durations are whole seconds and say so
+    in their names.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    subscription: str | None = Field(default=None)
+    """The subscription to consume: ``projects/P/subscriptions/S`` or ``S``."""
+    project: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("project", "GOOGLE_CLOUD_PROJECT"),
+    )
+    """The Google Cloud project; defaults to the one in ``SUBSCRIPTION``."""
+    collection: str = "pubsub_worker_jobs"
+    """Firestore collection that holds one document per job."""
+    key_attribute: str | None = None
+    """Message attribute holding the effect key; unset: the message id is the key."""
+    lease_seconds: int = Field(default=150, ge=10, le=600)
+    """How long a claim lasts without progress; also the Pub/Sub ack deadline per extension."""
+    max_processing_seconds: int = Field(default=480, ge=10, le=86400)
+    """Total processing cap per attempt; past it the job is abandoned cooperatively."""
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    """Claims allowed before a job that keeps failing goes to the failure path."""
+    failure_topic: str | None = None
+    """Topic that receives failed jobs for review (original data, attributes and the error)."""
+    allow_at_least_once: bool = False
+    """Accept a subscription without exactly-once delivery (acks then prove nothing)."""
+    max_messages: int = Field(default=10, ge=1, le=1000)
+    """Messages in flight at once in :func:`pubsub_worker.run` (flow control and threads)."""
+    ack_timeout_seconds: float = Field(default=60.0, ge=1, le=600)
+    """Upper bound on waiting for an ack or lease-renewal response."""
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """On SIGTERM, how long in-flight jobs may keep running before they are released."""
+    retention_days: int = Field(default=30, ge=1, le=3650)
+    """Job documents carry ``expire_at`` this far ahead, for a Firestore TTL policy."""
+    outbox_key_attribute: str = "effect_key"
+    """Attribute that carries the effect key on messages published through the outbox."""
+    log_format: Literal["text", "json"] = "text"
+    """Log line format of the ``pubsub-worker`` command."""
+    pubsub_emulator_host: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("pubsub_emulator_host", "PUBSUB_EMULATOR_HOST"),
+    )
+    firestore_emulator_host: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("firestore_emulator_host", "FIRESTORE_EMULATOR_HOST"),
+    )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from exc
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Read the environment; ``overrides`` win over variables. Raises ``ConfigError``.
+
+        An unknown ``PUBSUB_WORKER_*`` variable is an error too: a typo must not
+        silently fall back to a default.
+        """
+        known = {env_name(name) for name in cls.model_fields}
+        unknown = sorted(
+            name for name in os.environ if name.startswith(ENV_PREFIX) and name not in known
+        )
+        if unknown:
+            raise ConfigError(
+                f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**overrides)
+
+    # -- validation ---------------------------------------------------------------
+
+    @field_validator("collection")
+    @classmethod
+    def _check_collection(cls, value: str) -> str:
+        raw = value.encode("utf-8", "surrogatepass")
+        if (
+            not value
+            or "/" in value
+            or value in {".", ".."}
+            or (value.startswith("__") and value.endswith("__"))
+            or len(raw) > 1500
+        ):
+            raise ValueError("not a valid Firestore collection id")
+        return value
+
+    @field_validator("key_attribute", "outbox_key_attribute")
+    @classmethod
+    def _check_attribute_name(cls, value: str | None) -> str | None:
+        if value is not None and not (1 <= len(value.encode("utf-8", "surrogatepass")) <= 256):
+            raise ValueError("attribute names are 1 to 256 bytes")
+        if value is not None and value.startswith("goog"):
+            raise ValueError("attribute names may not start with 'goog'")
+        return value
+
+    @field_validator("project")
+    @classmethod
+    def _check_project(cls, value: str | None) -> str | None:
+        if value is not None and not _PROJECT_ID.match(value):
+            raise ValueError("not a valid project id")
+        return value
+
+    @field_validator("pubsub_emulator_host", "firestore_emulator_host")
+    @classmethod
+    def _check_host(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        match = _HOST_PORT.match(value)
+        if not match or not 0 < int(match.group(2)) < 65536:
+            raise ValueError("expected HOST:PORT")
+        return value
+
+    @model_validator(mode="after")
+    def _check_together(self) -> Settings:
+        if self.max_processing_seconds < self.lease_seconds:
+            raise ValueError(
+                f"max_processing_seconds: must be at least LEASE_SECONDS ({self.lease_seconds})"
+            )
+        for name in ("subscription", "failure_topic"):
+            value = getattr(self, name)
+            if value is not None:
+                kind = "subscriptions" if name == "subscription" else "topics"
+                _resolve(value, kind, self.project, name)
+        return self
+
+    # -- derived values -----------------------------------------------------------
+
+    @property
+    def project_id(self) -> str:
+        """The project: ``GOOGLE_CLOUD_PROJECT``, else the one in ``SUBSCRIPTION``."""
+        if self.project:
+            return self.project
+        if self.subscription and (match := _FULL_PATH.match(self.subscription)):
+            return match.group("project")
+        raise ConfigError(f"GOOGLE_CLOUD_PROJECT is not set (accepted: {_ACCEPTS['project']})")
+
+    @property
+    def subscription_path(self) -> str:
+        """The full subscription path; ``ConfigError`` when ``SUBSCRIPTION`` is unset."""
+        if not self.subscription:
+            raise ConfigError(
+                f"{env_name('subscription')} is not set (accepted: {_ACCEPTS['subscription']})"
+            )
+        return _resolve(self.subscription, "subscriptions", self.project, "subscription")
+
+    @property
+    def failure_topic_path(self) -> str | None:
+        """The full failure topic path, or ``None`` when no failure topic is configured."""
+        if not self.failure_topic:
+            return None
+        return _resolve(self.failure_topic, "topics", self.project_id, "failure_topic")
+
+    def topic_path(self, topic: str) -> str:
+        """A topic ID or path, resolved against this project."""
+        return _resolve(topic, "topics", self.project_id, "topic")
+
+
+def _resolve(value: str, kind: str, project: str | None, field: str) -> str:
+    match = _FULL_PATH.match(value)
+    if match:
+        if match.group("kind") != kind or not _RESOURCE_ID.match(match.group("id")):
+            raise ConfigError(f"{env_name(field)}={value!r}: accepted: {_ACCEPTS.get(field, kind)}")
+        return value
+    if not _RESOURCE_ID.match(value):
+        raise ConfigError(f"{env_name(field)}={value!r}: accepted: {_ACCEPTS.get(field, kind)}")
+    if not project:
+        raise ConfigError(
+            f"{env_name(field)}={value!r} is an ID, so GOOGLE_CLOUD_PROJECT must be set "
+            f"(accepted: {_ACCEPTS.get(field, kind)})"
+        )
+    return f"projects/{project}/{kind}/{value}"
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        field = loc[0] if loc else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not field and ":" in message:  # model-level check names its field first
+            field, _, message = message.partition(": ")
+        if field in _UNPREFIXED.values():
+            field = next(k for k, v in _UNPREFIXED.items() if v == field)
+        if error["type"] == "extra_forbidden":
+            lines.append(f"unknown setting {field!r}")
+            continue
+        shown = error.get("input")
+        accepts = _ACCEPTS.get(field, "")
+        where = env_name(field) if field else "settings"
+        value = f"={shown!r}" if shown is not None and not isinstance(shown, dict) else ""
+        lines.append(f"{where}{value}: {message} (accepted: {accepts})")
+    return "invalid configuration: " + "; ".join(lines)
