@@ -28,11 +28,12 @@ __all__ = [
 
 # Exactly-once error trailers list every refused ack id; ~80 of them overflow gRPC's
 # default 8 KiB metadata limit and break the stream (and once, the lease thread).
+# (Keepalive pings are left to the client's production defaults: the emulator answers
+# pings every 30 s with GOAWAY "too_many_pings", which drops the streaming pull.)
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_metadata_size", 4 * 1024 * 1024),
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
-    ("grpc.keepalive_time_ms", 30_000),
 )
 
 _CHECK_TIMEOUT_S = 10.0

@@ -40,10 +40,11 @@ def _raw(text: str) -> bytes:
 
 
 def display(text: str, limit: int = KEY_DISPLAY_BYTES) -> str:
-    """``text`` made safe to store and log: valid UTF-8, at most ``limit`` bytes (then ``…``)."""
-    raw = _raw(text)
-    shown = raw[:limit].decode("utf-8", "replace")
-    return shown if len(raw) <= limit else shown + "…"
+    """``text`` made safe to store and log: valid UTF-8, at most ``limit`` bytes, then ``…``."""
+    clean = _raw(text).decode("utf-8", "replace").encode()
+    if len(clean) <= limit:
+        return clean.decode()
+    return clean[:limit].decode("utf-8", "ignore") + "…"
 
 
 def document_id(subscription: str, key: str, *, namespace: str = "job") -> str:

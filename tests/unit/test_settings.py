@@ -1,0 +1,105 @@
+"""Settings come from the environment; a bad value names the variable and what it accepts."""
+
+import pytest
+
+from pubsub_worker import ConfigError, Settings
+
+_VARS = [
+    "GOOGLE_CLOUD_PROJECT",
+    "PUBSUB_EMULATOR_HOST",
+    "FIRESTORE_EMULATOR_HOST",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PUBSUB_WORKER_") or name in _VARS:
+            monkeypatch.delenv(name)
+
+
+def test_defaults_match_the_documented_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "projects/p1/subscriptions/jobs-worker")
+    settings = Settings.from_env()
+    assert settings.subscription_path == "projects/p1/subscriptions/jobs-worker"
+    assert settings.project_id == "p1"
+    assert settings.collection == "pubsub_worker_jobs"
+    assert settings.key_attribute is None
+    assert (settings.lease_seconds, settings.max_processing_seconds) == (150, 480)
+    assert settings.max_attempts == 5
+    assert settings.failure_topic_path is None
+    assert settings.allow_at_least_once is False
+
+
+def test_an_id_is_resolved_with_the_project(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "demo-project")
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "jobs-worker")
+    monkeypatch.setenv("PUBSUB_WORKER_FAILURE_TOPIC", "jobs-failed")
+    monkeypatch.setenv("PUBSUB_WORKER_LEASE_SECONDS", "10")
+    monkeypatch.setenv("PUBSUB_WORKER_MAX_PROCESSING_SECONDS", "60")
+    monkeypatch.setenv("PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE", "true")
+    settings = Settings.from_env()
+    assert settings.subscription_path == "projects/demo-project/subscriptions/jobs-worker"
+    assert settings.failure_topic_path == "projects/demo-project/topics/jobs-failed"
+    assert settings.lease_seconds == 10
+    assert settings.allow_at_least_once is True
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("PUBSUB_WORKER_LEASE_SECONDS", "5", "from 10 to 600"),
+        ("PUBSUB_WORKER_LEASE_SECONDS", "601", "from 10 to 600"),
+        ("PUBSUB_WORKER_LEASE_SECONDS", "ten", "from 10 to 600"),
+        ("PUBSUB_WORKER_MAX_ATTEMPTS", "0", "from 1 to 100"),
+        ("PUBSUB_WORKER_MAX_PROCESSING_SECONDS", "20", "at least LEASE_SECONDS"),
+        ("PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE", "maybe", "true or false"),
+        ("PUBSUB_WORKER_COLLECTION", "jobs/evil", "collection id"),
+        ("PUBSUB_WORKER_COLLECTION", "__jobs__", "collection id"),
+        ("PUBSUB_WORKER_KEY_ATTRIBUTE", "googkey", "attribute name"),
+        ("PUBSUB_WORKER_SUBSCRIPTION", "projects/p/topics/t", "subscriptions"),
+        ("PUBSUB_WORKER_SUBSCRIPTION", "a/b", "subscriptions"),
+        ("FIRESTORE_EMULATOR_HOST", "localhost", "HOST:PORT"),
+        ("PUBSUB_WORKER_LOG_FORMAT", "xml", "text or json"),
+    ],
+)
+def test_bad_values_name_the_variable_and_the_range(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "demo-project")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env()
+    message = str(caught.value)
+    assert variable in message
+    assert expected in message
+
+
+def test_an_unknown_prefixed_variable_is_a_typo_not_a_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PUBSUB_WORKER_LEASE_SECOND", "30")
+    with pytest.raises(ConfigError, match="PUBSUB_WORKER_LEASE_SECOND"):
+        Settings.from_env()
+
+
+def test_subscription_id_without_project_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "jobs-worker")
+    with pytest.raises(ConfigError, match="GOOGLE_CLOUD_PROJECT"):
+        Settings.from_env()
+
+
+def test_missing_subscription_is_reported_when_needed() -> None:
+    settings = Settings(project="demo-project")
+    with pytest.raises(ConfigError, match="PUBSUB_WORKER_SUBSCRIPTION"):
+        _ = settings.subscription_path
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings(project="demo-project")
+    with pytest.raises(Exception, match="frozen"):
+        settings.lease_seconds = 20  # type: ignore[misc]
