@@ -10,6 +10,7 @@ from typing import Any
 import google.cloud.pubsub_v1 as pubsub_v1
 import grpc
 from google.api_core import exceptions as gexc
+from google.api_core import retry
 from google.cloud import firestore
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
@@ -37,6 +38,15 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 _CHECK_TIMEOUT_S = 10.0
+# Start-up checks retry briefly (an emulator that just started may refuse a moment), then
+# give a clear error instead of the client's default of retrying for minutes.
+_CHECK_RETRY = retry.Retry(
+    initial=0.1,
+    maximum=1.0,
+    multiplier=2.0,
+    timeout=_CHECK_TIMEOUT_S,
+    predicate=retry.if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded),
+)
 
 
 def _emulator(settings: Settings | None, name: str) -> str | None:
@@ -90,7 +100,7 @@ def check_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Setting
     path = settings.subscription_path
     try:
         subscription = subscriber.get_subscription(
-            request={"subscription": path}, timeout=_CHECK_TIMEOUT_S
+            request={"subscription": path}, retry=_CHECK_RETRY, timeout=_CHECK_TIMEOUT_S
         )
     except gexc.NotFound as exc:
         raise ConfigError(
@@ -112,7 +122,7 @@ def check_firestore(client: firestore.Client, settings: Settings) -> None:
     """One cheap read, so an unreachable Firestore fails at start-up with a clear error."""
     try:
         client.collection(settings.collection).document("pubsub-worker-start-check").get(
-            timeout=_CHECK_TIMEOUT_S
+            retry=_CHECK_RETRY, timeout=_CHECK_TIMEOUT_S
         )
     except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError) as exc:
         where = _emulator(settings, "firestore_emulator_host")
