@@ -74,7 +74,7 @@ def settings_for(
 
 
 @pytest.fixture
-def worker(emulators: Emulators) -> Iterator[Callable[..., Any]]:
+def worker(emulators: Emulators) -> Callable[..., Any]:
     """``with worker(handler, settings) as w:`` runs a worker for the block."""
     del emulators
 
@@ -92,7 +92,7 @@ def worker(emulators: Emulators) -> Iterator[Callable[..., Any]]:
         finally:
             running.stop()
 
-    yield start
+    return start
 
 
 def pull_all(subscriber: Any, subscription_path: str, quiet_s: float = 1.5) -> list[Any]:
