@@ -1,0 +1,25 @@
+# Thin shims over nox (the task runner) so a fresh machine needs nothing but python3 and make.
+# The tools live in .tools/ (a private venv), so no global pip install is needed.
+TOOLS := .tools
+NOX := $(TOOLS)/bin/nox
+
+.PHONY: demo test check samples bench
+
+$(NOX):
+	python3 -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check nox uv
+
+demo: $(NOX)  ## start local emulators and run the sample worker on a few jobs
+	$(NOX) -s demo
+
+test: $(NOX)  ## the test suite against the real emulators
+	$(NOX) -s tests
+
+check: $(NOX)  ## ruff and mypy --strict
+	$(NOX) -s lint typecheck
+
+samples: $(NOX)  ## every sample, end to end
+	$(NOX) -s samples
+
+bench: $(NOX)  ## throughput and memory vs the stock client
+	$(NOX) -s bench
