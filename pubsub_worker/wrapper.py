@@ -50,6 +50,7 @@ from .metrics import Counter, Metrics
 from .settings import Settings
 from .store import JobStore
 from .stores.firestore import FirestoreJobStore
+from .tracing import span
 
 __all__ = ["ExactlyOnce", "exactly_once"]
 
@@ -360,7 +361,11 @@ class ExactlyOnce:
         )
         rt.keeper.track(job, message, message.publish_time.timestamp())
         try:
-            self._run(rt, message, job, log)
+            with span(
+                "pubsub_worker.job",
+                **{"messaging.message.id": message.message_id, "pubsub_worker.epoch": job.epoch},
+            ):
+                self._run(rt, message, job, log)
         finally:
             rt.keeper.untrack(job)
 
