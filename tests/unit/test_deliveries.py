@@ -1,0 +1,79 @@
+"""Delivery generations and the per-key gate of one process."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pubsub_worker.deliveries import DeliveryTracker, KeyGate
+
+
+def test_a_newer_delivery_supersedes_the_older_one() -> None:
+    tracker = DeliveryTracker()
+    old = tracker.register("m1", "ack-old")
+    assert tracker.is_current(old)
+    new = tracker.register("m1", "ack-new")
+    assert not tracker.is_current(old)
+    assert tracker.is_current(new)
+    assert tracker.superseded("m1", old.digest)
+    assert not tracker.superseded("m1", new.digest)
+    tracker.forget(old)  # the stale callback ending must not forget the newer delivery
+    assert tracker.is_current(new)
+    tracker.forget(new)
+    assert len(tracker) == 0
+    assert not tracker.is_current(new)  # once forgotten, nothing is current
+
+
+def test_a_lost_delivery_is_not_current() -> None:
+    tracker = DeliveryTracker()
+    delivery = tracker.register("m1", "ack")
+    delivery.lost.set()
+    assert not tracker.is_current(delivery)
+
+
+def test_a_second_message_with_the_same_key_waits_its_turn() -> None:
+    tracker = DeliveryTracker()
+    gate = KeyGate(tracker)
+    first = tracker.register("m1", "a1")
+    second = tracker.register("m2", "a2")
+    assert gate.acquire("key", first, timeout_s=1)
+    order: list[str] = []
+
+    def later() -> None:
+        assert gate.acquire("key", second, timeout_s=5)
+        order.append("second")
+        gate.release("key", second)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    time.sleep(0.2)
+    order.append("first done")
+    gate.release("key", first)
+    thread.join(5)
+    assert order == ["first done", "second"]
+
+
+def test_a_newer_delivery_of_the_same_message_takes_the_key_over_at_once() -> None:
+    tracker = DeliveryTracker()
+    gate = KeyGate(tracker)
+    old = tracker.register("m1", "a1")
+    assert gate.acquire("key", old, timeout_s=1)
+    new = tracker.register("m1", "a2")
+    started = time.monotonic()
+    assert gate.acquire("key", new, timeout_s=5)
+    assert time.monotonic() - started < 0.5
+    gate.release("key", old)  # the stale holder's release does not free the new holder
+    other = tracker.register("m9", "a9")
+    assert not gate.acquire("key", other, timeout_s=0.2)
+
+
+def test_waiting_ends_when_the_waiter_is_superseded() -> None:
+    tracker = DeliveryTracker()
+    gate = KeyGate(tracker)
+    holder = tracker.register("m1", "a1")
+    waiter = tracker.register("m2", "a2")
+    assert gate.acquire("key", holder, timeout_s=1)
+    threading.Timer(0.2, lambda: tracker.register("m2", "a3")).start()
+    started = time.monotonic()
+    assert not gate.acquire("key", waiter, timeout_s=10)
+    assert time.monotonic() - started < 3
