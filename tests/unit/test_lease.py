@@ -1,4 +1,4 @@
-"""The lease keeper's policy: renew only with progress, abandon past the cap, lose on INVALID_ACK_ID."""
+"""The lease keeper: renew only with progress, abandon past the cap, lose on INVALID_ACK_ID."""
 
 from __future__ import annotations
 
