@@ -140,7 +140,7 @@ def emulators(request: pytest.FixtureRequest) -> Iterator[Emulators]:
 @pytest.fixture(scope="session")
 def publisher(emulators: Emulators) -> Iterator[Any]:
     """A ``google.cloud.pubsub_v1.PublisherClient`` bound to the emulator."""
-    from google.cloud import pubsub_v1  # type: ignore[attr-defined]  # noqa: PLC0415
+    import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
 
     client: Any = pubsub_v1.PublisherClient()
     try:
@@ -157,7 +157,7 @@ def subscriber(emulators: Emulators) -> Iterator[Any]:
     Its channel accepts large gRPC metadata, which exactly-once ack error
     trailers need once many ack ids fail in one request.
     """
-    from google.cloud import pubsub_v1  # type: ignore[attr-defined]  # noqa: PLC0415
+    import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
     from google.pubsub_v1.services.subscriber.transports.grpc import (  # noqa: PLC0415
         SubscriberGrpcTransport,
     )
