@@ -30,10 +30,11 @@ from .metrics import Counter, Metrics
 from .runner import flow_control, run
 from .settings import Settings
 from .store import JobStore, Status
-from .stores import FirestoreJobStore, MemoryJobStore
+from .stores import BatchingFirestoreJobStore, FirestoreJobStore, MemoryJobStore
 from .wrapper import ExactlyOnce, exactly_once
 
 __all__ = [
+    "BatchingFirestoreJobStore",
     "ConfigError",
     "Counter",
     "ExactlyOnce",

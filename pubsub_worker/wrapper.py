@@ -49,7 +49,7 @@ from .logs import JobLogger, job_logger
 from .metrics import Counter, Metrics
 from .settings import Settings
 from .store import JobStore
-from .stores.firestore import FirestoreJobStore
+from .stores.batching import BatchingFirestoreJobStore
 from .tracing import span
 
 __all__ = ["ExactlyOnce", "exactly_once"]
@@ -172,7 +172,7 @@ class ExactlyOnce:
             client = self._firestore_client or clients.firestore_client(settings)
             if self._firestore_client is None:
                 clients.check_firestore(client, settings)
-            self._store = FirestoreJobStore(client, settings.collection)
+            self._store = BatchingFirestoreJobStore(client, settings.collection)
         if self._publisher is None:
             self._publisher = clients.publisher_client(settings)
         publish = clients.publisher_function(self._publisher)
@@ -396,8 +396,8 @@ class ExactlyOnce:
         except ProcessingTimeout as exc:
             self._retry_or_fail(rt, message, job, log, exc)
             return
-        except LostOwnership:
-            self._stop_without_ack(rt, message, job.delivery, log, "ownership lost")
+        except LostOwnership as exc:
+            self._stop_without_ack(rt, message, job.delivery, log, f"ownership lost ({exc})")
             return
         except PermanentError as exc:
             self._fail_job(rt, message, job, log, Reason.PERMANENT, _describe(exc))

@@ -100,7 +100,7 @@ class FirestoreJobStore:
         def attempt() -> Version:
             try:
                 result = ref.create(data, retry=None, timeout=self._rpc_timeout_s)
-            except gexc.Conflict as exc:  # AlreadyExists is a Conflict (409)
+            except gexc.AlreadyExists as exc:
                 raise AlreadyExists(doc_id) from exc
             except _UNKNOWN_OUTCOME:
                 snap = self.get(doc_id)
@@ -120,12 +120,20 @@ class FirestoreJobStore:
         ref = self.ref(doc_id)
         option = self._client.write_option(last_update_time=expected)
 
+        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
+
         def attempt() -> Version:
+            nonlocal uncertain
             try:
                 result = ref.update(data, option=option, retry=None, timeout=self._rpc_timeout_s)
             except (gexc.FailedPrecondition, gexc.NotFound) as exc:
+                if uncertain:  # the version may have changed by our own earlier attempt
+                    snap = self.get(doc_id)
+                    if snap is not None and snap.fields.get(WRITE_ID) == write_id:
+                        return snap.version
                 raise VersionConflict(doc_id) from exc
             except _UNKNOWN_OUTCOME:
+                uncertain = True
                 snap = self.get(doc_id)
                 if snap is not None and snap.fields.get(WRITE_ID) == write_id:
                     return snap.version
@@ -163,8 +171,12 @@ class FirestoreJobStore:
         def attempt() -> Any:
             try:
                 return run(self._client.transaction(max_attempts=5))
-            except ValueError as exc:  # "Failed to commit transaction in 5 attempts."
-                raise _Contended(str(exc)) from exc
+            except ValueError as exc:
+                # "Failed to commit transaction in 5 attempts." comes from Aborted commits;
+                # any other ValueError was raised by ``body`` and is the caller's.
+                if isinstance(exc.__cause__, gexc.Aborted):
+                    raise _Contended(str(exc)) from exc
+                raise
 
         try:
             result = self._retry("transaction", attempt)

@@ -13,15 +13,27 @@ import pytest
 
 from pubsub_worker.store import AlreadyExists, JobStore, VersionConflict
 from pubsub_worker.stores import FirestoreJobStore, MemoryJobStore
+from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 
-@pytest.fixture(params=["memory", pytest.param("firestore", marks=pytest.mark.emulator)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("firestore", marks=pytest.mark.emulator),
+        pytest.param("batching", marks=pytest.mark.emulator),
+    ]
+)
 def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
     if request.param == "memory":
         yield MemoryJobStore()
         return
     client = request.getfixturevalue("firestore_client")
     collection = request.getfixturevalue("firestore_collection")
+    if request.param == "batching":
+        batching = BatchingFirestoreJobStore(client, collection)
+        yield batching
+        batching.close()
+        return
     yield FirestoreJobStore(client, collection)
 
 

@@ -6,6 +6,7 @@ import pubsub_worker
 def test_all_is_sorted_and_pinned() -> None:
     assert pubsub_worker.__all__ == sorted(pubsub_worker.__all__)
     assert pubsub_worker.__all__ == [
+        "BatchingFirestoreJobStore",
         "ConfigError",
         "Counter",
         "ExactlyOnce",

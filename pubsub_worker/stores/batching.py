@@ -1,0 +1,390 @@
+"""A Firestore job store that carries concurrent writes in shared BatchWrite RPCs.
+
+Under load a worker has many jobs in flight, each waiting on its own claim
+(``create``) or commit (``update``). :class:`BatchingFirestoreJobStore`
+queues those writes and sends them together in one ``BatchWrite`` RPC
+(group commit): a flusher thread takes whatever is queued, at most
+``max_batch`` writes, and sends it; writes that arrive meanwhile go in the
+next batch. At low load a batch holds one write and nothing waits for a
+timer (``linger_s`` can hold a batch open longer: fewer RPCs, more latency).
+
+The semantics are those of :class:`~pubsub_worker.stores.firestore.FirestoreJobStore`,
+write by write. ``BatchWrite`` is not atomic: each write carries its own
+precondition (create-if-absent, or the expected update time) and succeeds or
+fails alone, with its own status and update time in the response, so one
+stale owner's write fails without touching the others. A batch never holds
+two writes to one document (they could apply in either order), and a
+document is never in two batches in flight at once. A write whose outcome is
+unknown (the RPC failed or timed out, or the write's own status is
+transient) is settled by reading the document back and comparing its
+``write_id``; if it was not applied it is sent again, and should that retry
+then fail its precondition, the document is read once more: a first attempt
+that landed late is recognised as this write, not reported as a conflict.
+Reads and transactions are not batched.
+
+Writes are built as raw protobufs (:mod:`pubsub_worker.stores._writes`) and
+sent through the client's own ``BatchWrite`` stub. Measured on the emulator,
+2 cores (``docs/benchmarks.md``): a one-step job's two writes cost the
+worker about 0.4-0.7 ms of CPU this way, 1.3-1.6 ms as two ``Commit`` calls,
+and the emulator 0.3-1.7 ms instead of 0.8-3.4 ms.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+from google.cloud.firestore_v1.types import firestore as firestore_types
+from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
+
+from pubsub_worker.errors import StoreError
+from pubsub_worker.store import WRITE_ID, AlreadyExists, Changes, Version, VersionConflict
+from pubsub_worker.stores._writes import create_write, update_write
+from pubsub_worker.stores.firestore import _UNKNOWN_OUTCOME, FirestoreJobStore
+
+__all__ = ["BatchingFirestoreJobStore", "WriteBatcher"]
+
+_LOGGER = logging.getLogger(__name__)
+
+MAX_BATCH_WRITES = 500
+"""Firestore's limit of writes in one BatchWrite request."""
+IDLE_EXIT_S = 10.0
+"""A flusher thread idle this long ends; the next write starts another."""
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_BATCH_WRITE_REQUEST = firestore_types.BatchWriteRequest
+_BATCH_WRITE_RESPONSE = firestore_types.BatchWriteResponse
+
+
+@dataclass(eq=False)
+class _Write:
+    """One queued write and, once sent, its outcome."""
+
+    doc_path: str
+    pb: Any
+    """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
+    done: threading.Event = field(default_factory=threading.Event)
+    version: Version | None = None
+    error: BaseException | None = None
+    sent: bool = False
+
+    def settle(self, version: Version | None, error: BaseException | None) -> None:
+        self.version, self.error = version, error
+        self.done.set()
+
+
+class WriteBatcher:
+    """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
+
+    ``max_in_flight`` flusher threads (started on first use) each send one
+    batch at a time; ``rpc_timeout_s`` bounds each RPC. :meth:`submit`
+    blocks until its write's outcome is known and returns the new update
+    time, or raises the write's own error as a
+    :class:`google.api_core.exceptions.GoogleAPICallError`.
+    """
+
+    def __init__(
+        self,
+        client: firestore.Client,
+        *,
+        rpc_timeout_s: float = 10.0,
+        max_batch: int = 100,
+        max_in_flight: int = 2,
+        linger_s: float = 0.0,
+    ) -> None:
+        if not 1 <= max_batch <= MAX_BATCH_WRITES:
+            raise ValueError(f"max_batch must be 1..{MAX_BATCH_WRITES}")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        # The client's own GAPIC stub, database name and routing metadata: the same
+        # ones ``BulkWriteBatch.commit`` uses, given raw protobufs instead of proto-plus.
+        self._api = client._firestore_api
+        self._database: str = client._database_string
+        self._metadata = client._rpc_metadata
+        self._rpc_timeout_s = rpc_timeout_s
+        self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
+        self._linger_s = linger_s
+        self._cond = threading.Condition()  # guards everything below
+        self._queue: deque[_Write] = deque()
+        self._busy_docs: set[str] = set()
+        self._threads: list[threading.Thread] = []
+        self._started = 0
+        self._closed = False
+        self.batches = 0
+        """Batches sent so far."""
+        self.writes = 0
+        """Writes sent so far (``writes / batches`` is the mean batch size)."""
+
+    def submit(self, write_pb: Any) -> Version:
+        """Queue one raw ``Write`` protobuf; wait for its outcome.
+
+        Raises the write's error: ``AlreadyExists``, ``FailedPrecondition``,
+        ``NotFound`` for a failed precondition; any other
+        ``GoogleAPICallError`` when the outcome is unknown or the write was
+        rejected. A write still queued after the wait budget is withdrawn and
+        ``ServiceUnavailable`` raised (it was never sent).
+        """
+        write = _Write(write_pb.update.name, write_pb)
+        with self._cond:
+            if self._closed:
+                raise StoreError("the job store is closed")
+            self._start_flushers()
+            self._queue.append(write)
+            self._cond.notify()
+        if not write.done.wait(self._rpc_timeout_s + 5.0):
+            with self._cond:
+                if not write.sent:
+                    self._queue.remove(write)
+                    raise gexc.ServiceUnavailable(  # type: ignore[no-untyped-call]
+                        "the write waited too long for a batch"
+                    )
+            write.done.wait()  # in flight: the RPC's own timeout ends it
+        if write.error is not None:
+            raise write.error
+        return write.version
+
+    def close(self) -> None:
+        """Stop the flushers once the queue is empty; later writes raise ``StoreError``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self._rpc_timeout_s + 5.0)
+
+    # -- flushers ---------------------------------------------------------------------
+
+    def _start_flushers(self) -> None:
+        while len(self._threads) < self._max_in_flight:
+            self._started += 1
+            thread = threading.Thread(
+                target=self._flush_forever,
+                name=f"pubsub-worker-batch-writer-{self._started}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _flush_forever(self) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                try:
+                    self._send(batch)
+                except BaseException as exc:  # never leave a caller waiting
+                    for write in batch:
+                        if not write.done.is_set():
+                            write.settle(None, exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                finally:
+                    with self._cond:
+                        self._busy_docs.difference_update(w.doc_path for w in batch)
+                        if self._queue:
+                            self._cond.notify()
+        finally:
+            with self._cond:
+                me = threading.current_thread()
+                if me in self._threads:
+                    self._threads.remove(me)
+                if self._queue and not self._closed:
+                    self._start_flushers()  # a write came in as this flusher ended
+
+    def _take(self) -> list[_Write] | None:
+        """The next batch, never empty; marks its documents busy.
+
+        None when this flusher should end: closed and drained, or idle for
+        :data:`IDLE_EXIT_S` (the next write starts a new one).
+        """
+        with self._cond:
+            while True:
+                while not self._ready():
+                    if self._closed and not self._queue:
+                        self._threads.remove(threading.current_thread())
+                        return None
+                    if not self._cond.wait(IDLE_EXIT_S) and not self._queue:
+                        self._threads.remove(threading.current_thread())
+                        return None
+                if self._linger_s > 0:
+                    deadline = time.monotonic() + self._linger_s
+                    while len(self._queue) < self._max_batch:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                batch = self._pop_batch()
+                if batch:  # else another flusher took them while this one lingered
+                    return batch
+
+    def _pop_batch(self) -> list[_Write]:
+        """Up to ``max_batch`` queued writes, one per document, none to a busy document."""
+        batch: list[_Write] = []
+        docs: set[str] = set()
+        kept: deque[_Write] = deque()
+        while self._queue and len(batch) < self._max_batch:
+            write = self._queue.popleft()
+            if write.doc_path in docs or write.doc_path in self._busy_docs:
+                kept.append(write)  # one write per document per batch, in order
+                continue
+            docs.add(write.doc_path)
+            write.sent = True
+            batch.append(write)
+        kept.extend(self._queue)
+        self._queue = kept
+        self._busy_docs.update(docs)
+        if self._queue and len(self._threads) > 1:
+            self._cond.notify()  # another flusher can take the rest
+        return batch
+
+    def _ready(self) -> bool:
+        return any(w.doc_path not in self._busy_docs for w in self._queue)
+
+    def _send(self, batch: list[_Write]) -> None:
+        self.batches += 1
+        self.writes += len(batch)
+        request = _BATCH_WRITE_REQUEST.wrap(
+            _BATCH_WRITE_REQUEST.pb()(database=self._database, writes=[w.pb for w in batch])
+        )
+        try:
+            response = self._api.batch_write(
+                request=request,
+                metadata=self._metadata,
+                retry=None,
+                timeout=self._rpc_timeout_s,
+            )
+        except gexc.GoogleAPICallError as exc:
+            _LOGGER.debug("BatchWrite of %d writes failed: %s", len(batch), exc)
+            for write in batch:
+                write.settle(None, exc)
+            return
+        raw = _BATCH_WRITE_RESPONSE.pb(response)
+        results, statuses = raw.write_results, raw.status
+        for index, write in enumerate(batch):
+            code = statuses[index].code if index < len(statuses) else 0
+            if code == 0 and index < len(results) and results[index].HasField("update_time"):
+                stamp = results[index].update_time
+                # The class the library's own reads return, so versions compare equal.
+                update_time = DatetimeWithNanoseconds.from_timestamp_pb(stamp)
+                write.settle(update_time, None)
+                continue
+            if code == 0:
+                code, message = grpc.StatusCode.UNKNOWN.value[0], "no update time for the write"
+            else:
+                message = statuses[index].message
+            status = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+            error = gexc.from_grpc_status(status, message)  # type: ignore[no-untyped-call]
+            write.settle(None, error)
+
+
+class BatchingFirestoreJobStore(FirestoreJobStore):
+    """:class:`FirestoreJobStore` whose ``create`` and ``update`` share BatchWrite RPCs.
+
+    The store ``exactly_once`` builds by default. Same documents, same
+    semantics, one write at a time as seen by each caller; ``get`` and
+    ``transact`` are the parent's. ``max_batch``, ``max_in_flight`` and
+    ``linger_s`` tune the :class:`WriteBatcher`. The defaults measured best:
+    two batches in flight match one at 10 jobs in flight and beat it at 30
+    (a big batch no longer waits for the one in flight); a linger cost more
+    latency than its fewer RPCs saved.
+    """
+
+    def __init__(
+        self,
+        client: firestore.Client,
+        collection: str,
+        *,
+        rpc_timeout_s: float = 10.0,
+        retry_deadline_s: float = 30.0,
+        max_batch: int = 100,
+        max_in_flight: int = 2,
+        linger_s: float = 0.0,
+    ) -> None:
+        super().__init__(
+            client, collection, rpc_timeout_s=rpc_timeout_s, retry_deadline_s=retry_deadline_s
+        )
+        self.batcher = WriteBatcher(
+            client,
+            rpc_timeout_s=rpc_timeout_s,
+            max_batch=max_batch,
+            max_in_flight=max_in_flight,
+            linger_s=linger_s,
+        )
+
+    def close(self) -> None:
+        """Stop the flusher threads (after the queued writes)."""
+        self.batcher.close()
+
+    def _landed(self, doc_id: str, write_id: str) -> Version | None:
+        """The document's version if its last write is ``write_id``, else None."""
+        snap = self.get(doc_id)
+        if snap is not None and snap.fields.get(WRITE_ID) == write_id:
+            return snap.version
+        return None
+
+    def _name(self, doc_id: str) -> str:
+        """The full resource name of a job document."""
+        return str(self.ref(doc_id)._document_path)
+
+    def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
+        write_id = uuid.uuid4().hex
+        write = create_write(self._name(doc_id), {**fields, WRITE_ID: write_id})
+
+        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
+
+        def attempt() -> Version:
+            nonlocal uncertain
+            try:
+                return self.batcher.submit(write)
+            except (gexc.AlreadyExists, gexc.FailedPrecondition) as exc:
+                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
+                    return version  # our own earlier attempt created it
+                raise AlreadyExists(doc_id) from exc
+            except _UNKNOWN_OUTCOME:
+                uncertain = True
+                snap = self.get(doc_id)
+                if snap is None:
+                    raise  # not applied: retried
+                if snap.fields.get(WRITE_ID) == write_id:
+                    return snap.version
+                raise AlreadyExists(doc_id) from None
+
+        return self._retry("create", attempt)
+
+    def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
+        write_id = uuid.uuid4().hex
+        if not isinstance(expected, datetime.datetime):
+            raise TypeError(f"not a version of this store: {expected!r}")
+        data = {**changes, (WRITE_ID,): write_id}
+        write = update_write(self._name(doc_id), data, expected)
+
+        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
+
+        def attempt() -> Version:
+            nonlocal uncertain
+            try:
+                return self.batcher.submit(write)
+            except (gexc.FailedPrecondition, gexc.NotFound) as exc:
+                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
+                    return version  # our own earlier attempt changed the version
+                raise VersionConflict(doc_id) from exc
+            except _UNKNOWN_OUTCOME:
+                uncertain = True
+                snap = self.get(doc_id)
+                if snap is not None and snap.fields.get(WRITE_ID) == write_id:
+                    return snap.version
+                if snap is None or snap.version != expected:
+                    raise VersionConflict(doc_id) from None
+                raise  # not applied and nobody else wrote: retried
+
+        return self._retry("update", attempt)

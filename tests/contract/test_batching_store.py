@@ -1,0 +1,274 @@
+"""What batching adds on top of the store contract: shared RPCs, per-write outcomes, settlement.
+
+The contract itself (create-if-absent, conditional update, one winner under
+contention) runs on ``BatchingFirestoreJobStore`` in ``test_store_contract.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pytest
+from google.api_core import exceptions as gexc
+
+from emulator import Emulators, TcpProxy
+from pubsub_worker.errors import StoreError
+from pubsub_worker.store import AlreadyExists, Version, VersionConflict
+from pubsub_worker.stores import batching
+from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+
+pytestmark = pytest.mark.emulator
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def lingering(
+    firestore_client: Any, firestore_collection: str
+) -> Iterator[BatchingFirestoreJobStore]:
+    """One batch in flight, held open 200 ms: concurrent writes surely share one."""
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, linger_s=0.2
+    )
+    yield store
+    store.close()
+
+
+def _together(calls: list[Callable[[], T]]) -> list[T | BaseException]:
+    """Run the calls at once; each one's result or exception."""
+
+    def run(call: Callable[[], T]) -> T | BaseException:
+        try:
+            return call()
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def test_concurrent_writes_share_one_rpc_and_get_their_own_versions(
+    lingering: BatchingFirestoreJobStore,
+) -> None:
+    results = _together(
+        [lambda i=i: lingering.create(f"job-{i}", {"epoch": 1, "n": i}) for i in range(20)]
+    )
+    assert lingering.batcher.writes == 20
+    assert lingering.batcher.batches < 20
+    for i, version in enumerate(results):
+        snap = lingering.get(f"job-{i}")
+        assert snap is not None
+        assert snap.fields["n"] == i
+        assert snap.version == version
+
+
+def test_a_conflicting_create_fails_alone(lingering: BatchingFirestoreJobStore) -> None:
+    lingering.create("taken", {"owner": "first"})
+    before = lingering.batcher.batches
+    calls: list[Callable[[], Version]] = [lambda: lingering.create("taken", {"owner": "second"})]
+    calls += [lambda i=i: lingering.create(f"new-{i}", {"owner": "second"}) for i in range(9)]
+    results = _together(calls)
+    assert lingering.batcher.batches - before == 1  # all ten in one BatchWrite
+    assert isinstance(results[0], AlreadyExists)
+    assert not any(isinstance(r, BaseException) for r in results[1:])
+    taken = lingering.get("taken")
+    assert taken is not None
+    assert taken.fields["owner"] == "first"
+    for i in range(9):
+        assert lingering.get(f"new-{i}") is not None
+
+
+def test_a_stale_update_fails_alone(lingering: BatchingFirestoreJobStore) -> None:
+    versions = _together([lambda i=i: lingering.create(f"job-{i}", {"epoch": 1}) for i in range(5)])
+    assert not any(isinstance(v, BaseException) for v in versions)
+    lingering.update("job-0", {("epoch",): 2}, expected=versions[0])  # job-0's v1 is now stale
+    before = lingering.batcher.batches
+    results = _together(
+        [
+            lambda i=i: lingering.update(f"job-{i}", {("epoch",): 3}, expected=versions[i])
+            for i in range(5)
+        ]
+    )
+    assert lingering.batcher.batches - before == 1
+    assert isinstance(results[0], VersionConflict)
+    assert not any(isinstance(r, BaseException) for r in results[1:])
+    stale = lingering.get("job-0")
+    assert stale is not None
+    assert stale.fields["epoch"] == 2
+    for i in range(1, 5):
+        snap = lingering.get(f"job-{i}")
+        assert snap is not None
+        assert (snap.fields["epoch"], snap.version) == (3, results[i])
+
+
+def test_writes_to_one_document_go_in_separate_batches(
+    lingering: BatchingFirestoreJobStore,
+) -> None:
+    version = lingering.create("job", {"owner": "nobody"})
+    before = lingering.batcher.batches
+    results = _together(
+        [lambda o=o: lingering.update("job", {("owner",): o}, expected=version) for o in "abcd"]
+    )
+    assert lingering.batcher.batches - before == 4
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+
+
+@pytest.mark.parametrize("operation", ["create", "update"])
+def test_a_write_that_lands_after_its_settling_read_is_recognised_as_ours(
+    lingering: BatchingFirestoreJobStore, monkeypatch: pytest.MonkeyPatch, operation: str
+) -> None:
+    """Reply lost; the read that settles it runs before the write lands; the retry then fails.
+
+    The retry's ``AlreadyExists``/``FailedPrecondition`` is our own first
+    attempt: the caller gets that write's version, not a conflict.
+    """
+    version = lingering.create("other", {"epoch": 1})
+    batcher = lingering.batcher
+    real_submit, real_get = batcher.submit, lingering.get
+    held: list[Any] = []
+
+    def lose_reply(write_pb: Any) -> Version:
+        if not held:
+            held.append(write_pb)  # sent, but slow: it lands after the next read
+            raise gexc.DeadlineExceeded("reply lost")
+        return real_submit(write_pb)
+
+    def read_then_land(doc_id: str) -> Any:
+        snap = real_get(doc_id)
+        if held and held[0] is not None:
+            real_submit(held[0])  # the late landing
+            held[0] = None
+        return snap
+
+    monkeypatch.setattr(batcher, "submit", lose_reply)
+    monkeypatch.setattr(lingering, "get", read_then_land)
+    if operation == "create":
+        result = lingering.create("job", {"epoch": 1})
+    else:
+        result = lingering.update("other", {("epoch",): 2}, expected=version)
+    monkeypatch.undo()
+    snap = lingering.get("job" if operation == "create" else "other")
+    assert snap is not None
+    assert snap.version == result
+    assert snap.fields["epoch"] == (1 if operation == "create" else 2)
+
+
+@pytest.mark.parametrize("operation", ["create", "update"])
+def test_a_write_cut_off_by_a_partition_is_retried_and_applied_once(
+    emulators: Emulators,
+    firestore_collection: str,
+    monkeypatch: pytest.MonkeyPatch,
+    operation: str,
+) -> None:
+    """Every RPC times out while the partition lasts; healed, the write goes through.
+
+    The caller gets the write's own version, never ``AlreadyExists`` or
+    ``VersionConflict`` caused by itself.
+    """
+    from google.cloud import firestore
+
+    assert emulators.firestore_host is not None
+    with TcpProxy(emulators.firestore_host) as proxy:
+        monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", proxy.address)
+        client = firestore.Client(project=emulators.project)
+        store = BatchingFirestoreJobStore(
+            client, firestore_collection, rpc_timeout_s=0.5, retry_deadline_s=30.0
+        )
+        try:
+            version = store.create("other", {"epoch": 1})  # the channel is up
+            outcome: dict[str, Any] = {}
+
+            def write() -> None:
+                try:
+                    if operation == "create":
+                        outcome["version"] = store.create("job", {"epoch": 1})
+                    else:
+                        outcome["version"] = store.update(
+                            "other", {("epoch",): 2}, expected=version
+                        )
+                except Exception as exc:
+                    outcome["error"] = exc
+
+            proxy.blackhole(True)
+            thread = threading.Thread(target=write)
+            thread.start()
+            time.sleep(1.5)  # the write and the settling read time out, and are retried
+            proxy.blackhole(False)  # held bytes go through: the first write lands late
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+            assert "error" not in outcome, outcome.get("error")
+            snap = store.get("job" if operation == "create" else "other")
+            assert snap is not None
+            assert snap.fields["epoch"] == (1 if operation == "create" else 2)
+            assert snap.version == outcome["version"]
+        finally:
+            store.close()
+            client.close()
+
+
+def test_an_idle_flusher_ends_and_the_next_write_starts_another(
+    firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.2)
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection)
+    try:
+        store.create("one", {"epoch": 1})
+        deadline = time.monotonic() + 5
+        while store.batcher._threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not store.batcher._threads
+        store.create("two", {"epoch": 1})
+        assert store.get("two") is not None
+    finally:
+        store.close()
+
+
+def test_a_closed_store_refuses_writes_at_once(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection)
+    store.create("one", {"epoch": 1})
+    store.close()
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="closed"):
+        store.create("two", {"epoch": 1})
+    assert time.monotonic() - started < 1.0  # not retried until the deadline
+
+
+def test_two_flushers_with_a_linger_send_every_write_once_and_no_empty_batch(
+    firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=2, linger_s=0.01
+    )
+    sizes: list[int] = []
+    send = store.batcher._send
+
+    def recorded(batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        send(batch)
+
+    monkeypatch.setattr(store.batcher, "_send", recorded)
+
+    def job(i: int) -> int:
+        version = store.create(f"job-{i}", {"n": 0})
+        for n in range(1, 4):
+            version = store.update(f"job-{i}", {("n",): n}, expected=version)
+        snap = store.get(f"job-{i}")
+        assert snap is not None
+        assert snap.version == version
+        return int(snap.fields["n"])
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(job, range(32))) == [3] * 32
+        assert sum(sizes) == 32 * 4
+        assert min(sizes) >= 1
+        assert len(sizes) < sum(sizes)
+    finally:
+        store.close()
