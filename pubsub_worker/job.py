@@ -171,7 +171,7 @@ class Job:
         finally:
             self._current_step = None
         self._ctx.metrics.inc(Counter.STEPS_RUN)
-        outbox = self._outbox_changes(name)
+        outbox, entries = self._outbox_changes(name)
         with self._lock:
             self._steps[name] = result
             self._pending[(s.STEPS, name)] = self._step_record(result)
@@ -179,6 +179,7 @@ class Job:
         self._progress()
         if outbox:
             self._write({})
+            self._unsent.extend(entries)  # committed: now they may be published
             self._publish_unsent()
         return json.loads(result)  # type: ignore[no-any-return]
 
@@ -191,7 +192,12 @@ class Job:
         the effect happens exactly once. ``fn`` runs *inside* the transaction:
         keep it short, read before you write, and do nothing outside the
         transaction, because it may be run again when the transaction is
-        retried on contention. Returns the recorded result like :meth:`step`.
+        retried on contention (messages given to :meth:`publish` from it are
+        queued once, from the attempt that commits). Of the job, call only
+        :meth:`publish` from ``fn``. The transaction locks the job document
+        while ``fn`` runs: a worker frozen inside ``fn`` blocks the next owner
+        until Firestore expires its transaction (60 s idle on the emulator),
+        and its commit then fails. Returns the recorded result like :meth:`step`.
         """
         self._check()
         _check_step_name(name)
@@ -202,6 +208,7 @@ class Job:
         if not isinstance(store, TransactionalStore):
             raise StoreError(f"{type(store).__name__} cannot run transactional steps")
         encoded: dict[str, str] = {}
+        committed: list[s.OutboxEntry] = []  # the outbox entries of the attempt that commits
 
         def body(transaction: Any) -> T:
             self._current_step, self._step_outbox = name, []
@@ -212,10 +219,11 @@ class Job:
 
         def changes(value: Any) -> dict[tuple[str, ...], Any]:
             encoded["result"] = _encode(name, value)
+            outbox, committed[:] = self._outbox_changes(name)
             with self._lock:
                 merged = dict(self._pending)
             merged[(s.STEPS, name)] = self._step_record(encoded["result"])
-            merged.update(self._outbox_changes(name))
+            merged.update(outbox)
             merged.update(self._lease_changes())
             return merged
 
@@ -227,8 +235,16 @@ class Job:
                         self._identity.doc_id, expected=expected, body=body, changes=changes
                     )
                 except VersionConflict:
-                    self._version = None
-                    continue
+                    # Someone wrote the job: a new owner (LostOwnership), or our own commit
+                    # whose reply was lost, which recorded the step at our epoch: never run
+                    # it again then.
+                    record, self._version = self._read_own()
+                    done = record.steps.get(name)
+                    if done is None or done.epoch != self._epoch:
+                        continue
+                    encoded["result"], version = done.result, self._version
+                    entries = record.outbox.values()
+                    committed[:] = [e for e in entries if e.step == name and not e.sent]
                 break
             else:
                 raise self._lose("the transactional step kept conflicting with another writer")
@@ -236,6 +252,7 @@ class Job:
             self._pending.clear()
             self._last_write = time.monotonic()
             self._steps[name] = encoded["result"]
+            self._unsent.extend(committed)
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._progress()
         self._publish_unsent()
@@ -372,8 +389,10 @@ class Job:
             (s.UPDATED_AT,): now,
         }
 
-    def _outbox_changes(self, step: str) -> dict[tuple[str, ...], Any]:
+    def _outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[s.OutboxEntry]]:
+        """The outbox writes of the current step, and its entries (queued once committed)."""
         changes: dict[tuple[str, ...], Any] = {}
+        entries: list[s.OutboxEntry] = []
         for index, (topic, data, attributes) in enumerate(self._step_outbox):
             entry_id = hashlib.sha256(f"{step}\0{index}".encode()).hexdigest()[:32]
             effect_key = f"{self.key}:{step}:{index}"
@@ -390,12 +409,13 @@ class Job:
                 "data": data,
                 "attributes": stamped,
                 "step": step,
+                "effect_key": effect_key,
                 "sent": False,
             }
             changes[(s.OUTBOX, entry_id)] = entry
-            self._unsent.append(s.OutboxEntry(entry_id, topic, data, stamped, step, sent=False))
+            entries.append(s.OutboxEntry(entry_id, topic, data, stamped, step, sent=False))
         self._step_outbox = []
-        return changes
+        return changes, entries
 
     def _publish_unsent(self) -> None:
         while self._unsent:
@@ -433,6 +453,10 @@ class Job:
 
     def _resettle(self) -> Version:
         """Read the job: if it is still ours, its version; else :class:`LostOwnership`."""
+        return self._read_own()[1]
+
+    def _read_own(self) -> tuple[JobRecord, Version]:
+        """The job as read, with its version, if it is still ours; else :class:`LostOwnership`."""
         snap = self._ctx.store.get(self._identity.doc_id)
         if snap is None:
             raise self._lose("the job document is gone")
@@ -443,7 +467,7 @@ class Job:
             or record.delivery != self._delivery.digest
         ):
             raise self._lose(f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})")
-        return snap.version
+        return record, snap.version
 
 
 def _check_step_name(name: str) -> None:

@@ -220,3 +220,56 @@ def test_an_error_raised_inside_the_transaction_is_the_callback_s_not_contention
     doc = job_doc(firestore_client, settings, "op-1")
     assert doc["status"] == "failed"
     assert doc["error"].startswith("ValueError: invalid literal for int()")
+
+
+class FailingOncePublisher:
+    """Publishes for real, except that the first publish of ``fail_data`` raises."""
+
+    def __init__(self, settings: pubsub_worker.Settings, fail_data: bytes) -> None:
+        self._real = clients.publisher_client(settings)
+        self._fail_data: bytes | None = fail_data
+
+    def publish(self, topic: str, data: bytes, **attributes: str) -> Any:
+        if data == self._fail_data:
+            self._fail_data = None
+            raise ServiceUnavailable("Pub/Sub did not answer")
+        return self._real.publish(topic, data, **attributes)
+
+
+def test_a_redelivery_publishes_only_the_entries_not_marked_sent(
+    subscriber: Any,
+    publisher: Any,
+    eod_subscription: SubscriptionHandle,
+    make_subscription: Any,
+    settings_for: Callable[..., pubsub_worker.Settings],
+    worker: Any,
+) -> None:
+    """Step ``first`` published and marked sent, step ``second`` committed but not
+    published (its publish failed): the next delivery publishes ``second`` only."""
+    out = make_subscription(exactly_once=False, prefix="out")
+    settings = settings_for(eod_subscription, key_attribute="op")
+    ran: list[str] = []
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        for name in ("first", "second"):
+
+            def produce(name: str = name) -> str:
+                ran.append(name)
+                job.publish(out.topic_path, name.encode())
+                return name
+
+            job.step(name, produce)
+
+    failing = FailingOncePublisher(settings, fail_data=b"second")
+    wrapped = pubsub_worker.exactly_once(handle, settings=settings, publisher=failing)
+    with worker(wrapped, settings) as w:
+        publisher.publish(eod_subscription.topic_path, b"attachment", op="op-1").result()
+        w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1)
+        assert w.counter(Counter.RETRIED) == 1
+
+    assert ran == ["first", "second"]  # neither step ran again
+    outputs = pull_all(subscriber, out.subscription_path)
+    assert sorted((m.data, m.attributes["effect_key"]) for m in outputs) == [
+        (b"first", "op-1:first:0"),
+        (b"second", "op-1:second:0"),
+    ]

@@ -1,0 +1,1 @@
+"""An existing ``callback(message)`` made exactly-once by adding one line."""
