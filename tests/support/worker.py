@@ -5,7 +5,9 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_EFFECTS``   file that every effect appends one JSON line to (O_APPEND, fsync)
 ``CHAOS_SCENARIO``  ``steps`` (default: steps a, b, c), ``always_fail``, ``permanent``,
                     ``outbox`` (step ``produce`` publishes to ``CHAOS_OUTPUT_TOPIC``),
-                    ``transactional`` (step ``write`` changes ``CHAOS_SINK_COLLECTION``),
+                    ``transactional`` (transactional step ``write`` adds a document to
+                    ``CHAOS_SINK_COLLECTION`` and, with ``CHAOS_OUTPUT_TOPIC``, publishes),
+                    ``fenced`` (step ``write`` writes ``samples.fenced_sink`` at the epoch),
                     ``legacy`` (an unchanged ``callback(message)`` that acks)
 ``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point:
                     ``step:NAME`` inside step NAME; ``before_ack`` after the completion
@@ -13,8 +15,17 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     committed, before it is published; ``after_publish`` after the outbox
                     publish, before the completion
 ``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows)
+``CHAOS_GATES``     comma-separated points (``step:NAME``) where this worker holds, once per
+                    test, until the test releases it (:mod:`tests.support.gate`)
+``CHAOS_STORE``     ``plain`` (``FirestoreJobStore``) or ``batching``
+                    (``BatchingFirestoreJobStore``) instead of the wrapper's default store, built
+                    with ``CHAOS_STORE_RPC_TIMEOUT_S`` (default 10) as its per-RPC timeout, so a
+                    blackholed call fails fast
 
 Each effect line: ``{"effect": step, "key": job key, "epoch": n, "pid": pid}``.
+Every delivery handed to the wrapper is logged as ``received message ID``, and what became
+of it as ``ack of message ID: SUCCESS`` (or the refusal), ``nack of message ID``, ``drop of
+message ID`` (logger ``chaos``).
 """
 
 from __future__ import annotations
@@ -25,12 +36,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pubsub_worker
 from pubsub_worker import job as job_module
 from pubsub_worker import wrapper as wrapper_module
 from pubsub_worker.logs import configure
+from tests.support import gate
 
 
 def _env(name: str, default: str = "") -> str:
@@ -41,6 +54,7 @@ EFFECTS = _env("CHAOS_EFFECTS")
 KILL_AT = _env("CHAOS_KILL_AT")
 SCENARIO = _env("CHAOS_SCENARIO", "steps")
 SLEEP_S = float(_env("CHAOS_STEP_SLEEP_S", "0") or 0)
+GATES = frozenset(point for point in _env("CHAOS_GATES").split(",") if point)
 
 
 def effect(name: str, key: str, epoch: int, **extra: Any) -> None:
@@ -76,10 +90,12 @@ def _patch_kill_points() -> None:
     original_publish = job_module.Job._publish_unsent
 
     def publish_unsent(self: Any) -> None:
-        if self._unsent:
+        publishing = bool(self._unsent)
+        if publishing:
             maybe_die("before_publish")
         original_publish(self)
-        maybe_die("after_publish")
+        if publishing:  # not on the call that finds nothing to publish
+            maybe_die("after_publish")
 
     job_module.Job._publish_unsent = publish_unsent  # type: ignore[method-assign]
 
@@ -87,6 +103,8 @@ def _patch_kill_points() -> None:
 def _step(job: pubsub_worker.Job, name: str) -> str:
     def run() -> str:
         maybe_die(f"step:{name}")
+        if f"step:{name}" in GATES:
+            gate.hold(EFFECTS, f"step:{name}")
         if SLEEP_S:
             deadline = time.monotonic() + SLEEP_S
             while time.monotonic() < deadline:
@@ -124,20 +142,53 @@ def handle_outbox(message: Any, job: pubsub_worker.Job) -> None:
 
 
 def handle_transactional(message: Any, job: pubsub_worker.Job) -> None:
-    from google.cloud import firestore
-
     collection = _env("CHAOS_SINK_COLLECTION")
-    client = firestore.Client()
+    topic = _env("CHAOS_OUTPUT_TOPIC")
+    client = _firestore()
+    if "step:write" in GATES:
+        gate.hold(EFFECTS, "step:write")  # before the transaction: a pause here holds no lock
 
     def write(transaction: Any) -> str:
-        if SLEEP_S:
-            time.sleep(SLEEP_S)
+        # A new document id per attempt: a second landing would show as a second document.
         ref = client.collection(collection).document()
         transaction.set(ref, {"key": job.key, "epoch": job.epoch, "pid": os.getpid()})
-        return ref.id
+        if topic:
+            job.publish(topic, b"output:" + message.data, source="chaos")
+        return str(ref.id)
 
     job.transactional_step("write", write)
     effect("write", job.key, job.epoch)
+
+
+def handle_fenced(message: Any, job: pubsub_worker.Job) -> None:
+    from samples.fenced_sink import FencedSink, StaleEpoch
+
+    sink = FencedSink(_firestore(), _env("CHAOS_SINK_COLLECTION"))
+
+    def write() -> str:
+        if "step:write" in GATES:
+            gate.hold(EFFECTS, "step:write")
+        try:
+            sink.write(job.key, {"pid": os.getpid()}, epoch=job.epoch)
+        except StaleEpoch as exc:  # a LostOwnership: the job stops without an ack
+            effect("refused", job.key, job.epoch, seen=exc.seen)
+            raise
+        effect("write", job.key, job.epoch)
+        return "written"
+
+    job.step("write", write)
+
+
+_CLIENTS: dict[str, Any] = {}
+
+
+def _firestore() -> Any:
+    """One Firestore client per process, for the sink scenarios."""
+    if "firestore" not in _CLIENTS:
+        from google.cloud import firestore
+
+        _CLIENTS["firestore"] = firestore.Client()
+    return _CLIENTS["firestore"]
 
 
 def handle_legacy(message: Any) -> None:
@@ -145,12 +196,13 @@ def handle_legacy(message: Any) -> None:
     message.ack()
 
 
-HANDLERS = {
+HANDLERS: dict[str, Callable[..., None]] = {
     "steps": handle_steps,
     "always_fail": handle_always_fail,
     "permanent": handle_permanent,
     "outbox": handle_outbox,
     "transactional": handle_transactional,
+    "fenced": handle_fenced,
     "legacy": handle_legacy,
 }
 
@@ -159,8 +211,71 @@ def main() -> int:
     configure("json", logging.INFO)
     logging.getLogger("google").setLevel(logging.WARNING)
     _patch_kill_points()
+    _log_deliveries()
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)
-    return pubsub_worker.run(HANDLERS[SCENARIO])
+    return pubsub_worker.run(HANDLERS[SCENARIO], **_store_options())
+
+
+def _log_deliveries() -> None:
+    """Log every delivery and what became of it, so a test can tell who got and acked what."""
+    original_call = wrapper_module.ExactlyOnce.__call__
+
+    def call(self: Any, message: Any) -> None:
+        _CHAOS_LOG.info("received message %s", message.message_id)
+        original_call(self, _Observed(message))
+
+    wrapper_module.ExactlyOnce.__call__ = call  # type: ignore[method-assign]
+
+
+_CHAOS_LOG = logging.getLogger("chaos")
+
+
+class _Observed:
+    """A Pub/Sub message whose ack (with the service's answer), nack and drop are logged."""
+
+    def __init__(self, message: Any) -> None:
+        self._message = message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._message, name)
+
+    def ack_with_response(self) -> Any:
+        message_id = self._message.message_id
+        future = self._message.ack_with_response()
+
+        def answered(done: Any) -> None:
+            error = done.exception()
+            code = getattr(error, "error_code", None)
+            outcome = "SUCCESS" if error is None else getattr(code, "name", repr(error))
+            _CHAOS_LOG.info("ack of message %s: %s", message_id, outcome)
+
+        future.add_done_callback(answered)
+        return future
+
+    def nack(self) -> None:
+        _CHAOS_LOG.info("nack of message %s", self._message.message_id)
+        self._message.nack()
+
+    def drop(self) -> None:
+        _CHAOS_LOG.info("drop of message %s", self._message.message_id)
+        self._message.drop()
+
+
+def _store_options() -> dict[str, Any]:
+    """The job store ``CHAOS_STORE`` names, with ``CHAOS_STORE_RPC_TIMEOUT_S``; else the default."""
+    kind = _env("CHAOS_STORE")
+    if not kind:
+        return {}
+    from google.cloud import firestore
+
+    from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+    from pubsub_worker.stores.firestore import FirestoreJobStore
+
+    store_class = {"plain": FirestoreJobStore, "batching": BatchingFirestoreJobStore}[kind]
+    settings = pubsub_worker.Settings.from_env()
+    client = firestore.Client(project=settings.project_id)
+    timeout_s = float(_env("CHAOS_STORE_RPC_TIMEOUT_S", "10"))
+    return {"store": store_class(client, settings.collection, rpc_timeout_s=timeout_s)}
 
 
 if __name__ == "__main__":
