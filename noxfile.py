@@ -53,9 +53,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library and the emulator harness."""
+    """mypy --strict on the library, the emulator harness, the samples and the benchmarks."""
     _install(session, "typecheck")
-    session.run("mypy", "--strict", "pubsub_worker", "emulator")
+    session.run("mypy", "--strict", "pubsub_worker", "emulator", "samples", "benchmarks")
 
 
 @nox.session
