@@ -48,9 +48,9 @@ from google.cloud.firestore_v1.types import firestore as firestore_types
 from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
 
 from pubsub_worker.errors import StoreError
-from pubsub_worker.store import WRITE_ID, AlreadyExists, Changes, Version, VersionConflict
+from pubsub_worker.store import WRITE_ID, Changes, Version
 from pubsub_worker.stores._writes import create_write, update_write
-from pubsub_worker.stores.firestore import _UNKNOWN_OUTCOME, FirestoreJobStore
+from pubsub_worker.stores.firestore import FirestoreJobStore
 
 __all__ = ["BatchingFirestoreJobStore", "WriteBatcher"]
 
@@ -325,13 +325,6 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         """Stop the flusher threads (after the queued writes)."""
         self.batcher.close()
 
-    def _landed(self, doc_id: str, write_id: str) -> Version | None:
-        """The document's version if its last write is ``write_id``, else None."""
-        snap = self.get(doc_id)
-        if snap is not None and snap.fields.get(WRITE_ID) == write_id:
-            return snap.version
-        return None
-
     def _name(self, doc_id: str) -> str:
         """The full resource name of a job document."""
         return str(self.ref(doc_id)._document_path)
@@ -339,27 +332,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
         write_id = uuid.uuid4().hex
         write = create_write(self._name(doc_id), {**fields, WRITE_ID: write_id})
-
-        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
-
-        def attempt() -> Version:
-            nonlocal uncertain
-            try:
-                return self.batcher.submit(write)
-            except (gexc.AlreadyExists, gexc.FailedPrecondition) as exc:
-                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
-                    return version  # our own earlier attempt created it
-                raise AlreadyExists(doc_id) from exc
-            except _UNKNOWN_OUTCOME:
-                uncertain = True
-                snap = self.get(doc_id)
-                if snap is None:
-                    raise  # not applied: retried
-                if snap.fields.get(WRITE_ID) == write_id:
-                    return snap.version
-                raise AlreadyExists(doc_id) from None
-
-        return self._retry("create", attempt)
+        return self._settled_create(doc_id, write_id, lambda: self.batcher.submit(write))
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
         write_id = uuid.uuid4().hex
@@ -367,24 +340,4 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
             raise TypeError(f"not a version of this store: {expected!r}")
         data = {**changes, (WRITE_ID,): write_id}
         write = update_write(self._name(doc_id), data, expected)
-
-        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
-
-        def attempt() -> Version:
-            nonlocal uncertain
-            try:
-                return self.batcher.submit(write)
-            except (gexc.FailedPrecondition, gexc.NotFound) as exc:
-                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
-                    return version  # our own earlier attempt changed the version
-                raise VersionConflict(doc_id) from exc
-            except _UNKNOWN_OUTCOME:
-                uncertain = True
-                snap = self.get(doc_id)
-                if snap is not None and snap.fields.get(WRITE_ID) == write_id:
-                    return snap.version
-                if snap is None or snap.version != expected:
-                    raise VersionConflict(doc_id) from None
-                raise  # not applied and nobody else wrote: retried
-
-        return self._retry("update", attempt)
+        return self._settled_update(doc_id, write_id, expected, lambda: self.batcher.submit(write))

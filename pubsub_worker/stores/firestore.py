@@ -97,21 +97,10 @@ class FirestoreJobStore:
         data = {**fields, WRITE_ID: write_id}
         ref = self.ref(doc_id)
 
-        def attempt() -> Version:
-            try:
-                result = ref.create(data, retry=None, timeout=self._rpc_timeout_s)
-            except gexc.AlreadyExists as exc:
-                raise AlreadyExists(doc_id) from exc
-            except _UNKNOWN_OUTCOME:
-                snap = self.get(doc_id)
-                if snap is None:
-                    raise  # not applied: retried
-                if snap.fields.get(WRITE_ID) == write_id:
-                    return snap.version
-                raise AlreadyExists(doc_id) from None
-            return result.update_time
+        def send() -> Version:
+            return ref.create(data, retry=None, timeout=self._rpc_timeout_s).update_time
 
-        return self._retry("create", attempt)
+        return self._settled_create(doc_id, write_id, send)
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
         write_id = uuid.uuid4().hex
@@ -120,17 +109,58 @@ class FirestoreJobStore:
         ref = self.ref(doc_id)
         option = self._client.write_option(last_update_time=expected)
 
+        def send() -> Version:
+            return ref.update(
+                data, option=option, retry=None, timeout=self._rpc_timeout_s
+            ).update_time
+
+        return self._settled_update(doc_id, write_id, expected, send)
+
+    # -- settling unknown outcomes (shared with the batching store) ---------------
+
+    def _landed(self, doc_id: str, write_id: str) -> Version | None:
+        """The document's version if its last write is ``write_id``, else None."""
+        snap = self.get(doc_id)
+        if snap is not None and snap.fields.get(WRITE_ID) == write_id:
+            return snap.version
+        return None
+
+    def _settled_create(self, doc_id: str, write_id: str, send: Callable[[], Version]) -> Version:
+        """``send()`` a create-if-absent until its outcome is known; see the module docstring."""
         uncertain = False  # an earlier attempt's outcome was unknown: it may land late
 
         def attempt() -> Version:
             nonlocal uncertain
             try:
-                result = ref.update(data, option=option, retry=None, timeout=self._rpc_timeout_s)
+                return send()
+            except (gexc.AlreadyExists, gexc.FailedPrecondition) as exc:
+                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
+                    return version  # our own earlier attempt created it
+                raise AlreadyExists(doc_id) from exc
+            except _UNKNOWN_OUTCOME:
+                uncertain = True
+                snap = self.get(doc_id)
+                if snap is None:
+                    raise  # not applied: retried
+                if snap.fields.get(WRITE_ID) == write_id:
+                    return snap.version
+                raise AlreadyExists(doc_id) from None
+
+        return self._retry("create", attempt)
+
+    def _settled_update(
+        self, doc_id: str, write_id: str, expected: Version, send: Callable[[], Version]
+    ) -> Version:
+        """``send()`` a conditional update until its outcome is known; see the module docstring."""
+        uncertain = False  # an earlier attempt's outcome was unknown: it may land late
+
+        def attempt() -> Version:
+            nonlocal uncertain
+            try:
+                return send()
             except (gexc.FailedPrecondition, gexc.NotFound) as exc:
-                if uncertain:  # the version may have changed by our own earlier attempt
-                    snap = self.get(doc_id)
-                    if snap is not None and snap.fields.get(WRITE_ID) == write_id:
-                        return snap.version
+                if uncertain and (version := self._landed(doc_id, write_id)) is not None:
+                    return version  # our own earlier attempt changed the version
                 raise VersionConflict(doc_id) from exc
             except _UNKNOWN_OUTCOME:
                 uncertain = True
@@ -140,7 +170,6 @@ class FirestoreJobStore:
                 if snap is None or snap.version != expected:
                     raise VersionConflict(doc_id) from None
                 raise  # not applied and nobody else wrote: retried
-            return result.update_time
 
         return self._retry("update", attempt)
 
