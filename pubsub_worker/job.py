@@ -136,10 +136,13 @@ class Job:
     def idempotency_key(self, step: str) -> str:
         """A key stable across redeliveries and owners: ``{key}:{step}``.
 
+        ``%`` and ``:`` inside the key or step name are percent-encoded, so two
+        different (key, step) pairs never share an idempotency key.
+
         Give it to a sink that deduplicates (payment APIs, object stores) so
         a step that re-runs after a crash repeats no effect there.
         """
-        return f"{self.key}:{step}"
+        return f"{_escape(self.key)}:{_escape(step)}"
 
     def step(self, name: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` once for this job and return its result.
@@ -395,7 +398,7 @@ class Job:
         entries: list[s.OutboxEntry] = []
         for index, (topic, data, attributes) in enumerate(self._step_outbox):
             entry_id = hashlib.sha256(f"{step}\0{index}".encode()).hexdigest()[:32]
-            effect_key = f"{self.key}:{step}:{index}"
+            effect_key = f"{_escape(self.key)}:{_escape(step)}:{index}"
             if len(effect_key.encode("utf-8", "surrogatepass")) > MAX_ATTRIBUTE_VALUE_BYTES:
                 raw = effect_key.encode("utf-8", "surrogatepass")
                 effect_key = "sha256:" + hashlib.sha256(raw).hexdigest()
@@ -468,6 +471,15 @@ class Job:
         ):
             raise self._lose(f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})")
         return record, snap.version
+
+
+def _escape(part: str) -> str:
+    """``%`` and ``:`` percent-encoded, so ``key:step`` joins are unambiguous.
+
+    Keys and step names without those characters are unchanged; with them,
+    key ``a:b`` + step ``c`` and key ``a`` + step ``b:c`` no longer meet.
+    """
+    return part.replace("%", "%25").replace(":", "%3A")
 
 
 def _check_step_name(name: str) -> None:
