@@ -53,9 +53,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library, the emulator harness, the samples and the benchmarks."""
+    """mypy --strict on the library, emulator harness, samples, benchmarks and tests."""
     _install(session, "typecheck")
-    session.run("mypy", "--strict", "pubsub_worker", "emulator", "samples", "benchmarks")
+    session.run("mypy", "--strict", "pubsub_worker", "emulator", "samples", "benchmarks", "tests")
 
 
 @nox.session

@@ -9,7 +9,7 @@ collection, effect lines written by the workers.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -90,7 +90,8 @@ def wait_for_status(
 @pytest.fixture
 def output(make_subscription: Any) -> SubscriptionHandle:
     """The downstream topic the workers publish to, with a subscription that counts."""
-    return make_subscription(exactly_once=False, prefix="out")
+    handle: SubscriptionHandle = make_subscription(exactly_once=False, prefix="out")
+    return handle
 
 
 @pytest.fixture
@@ -226,7 +227,7 @@ def _take_over(
     proxy: TcpProxy,
     gate: Gate,
     effects: Effects,
-    workers: Any,
+    workers: Callable[..., Worker],
     env: dict[str, str],
 ) -> Worker:
     """Freeze ``first`` at its gate until its lease expires and a second worker finishes.

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 import pytest
@@ -54,9 +55,10 @@ def _together(calls: list[Callable[[], T]]) -> list[T | BaseException]:
 def test_concurrent_writes_share_one_rpc_and_get_their_own_versions(
     lingering: BatchingFirestoreJobStore,
 ) -> None:
-    results = _together(
-        [lambda i=i: lingering.create(f"job-{i}", {"epoch": 1, "n": i}) for i in range(20)]
-    )
+    def create(i: int) -> Version:
+        return lingering.create(f"job-{i}", {"epoch": 1, "n": i})
+
+    results = _together([partial(create, i) for i in range(20)])
     assert lingering.batcher.writes == 20
     assert lingering.batcher.batches < 20
     for i, version in enumerate(results):
@@ -70,7 +72,11 @@ def test_a_conflicting_create_fails_alone(lingering: BatchingFirestoreJobStore) 
     lingering.create("taken", {"owner": "first"})
     before = lingering.batcher.batches
     calls: list[Callable[[], Version]] = [lambda: lingering.create("taken", {"owner": "second"})]
-    calls += [lambda i=i: lingering.create(f"new-{i}", {"owner": "second"}) for i in range(9)]
+
+    def create(i: int) -> Version:
+        return lingering.create(f"new-{i}", {"owner": "second"})
+
+    calls += [partial(create, i) for i in range(9)]
     results = _together(calls)
     assert lingering.batcher.batches - before == 1  # all ten in one BatchWrite
     assert isinstance(results[0], AlreadyExists)
@@ -83,16 +89,18 @@ def test_a_conflicting_create_fails_alone(lingering: BatchingFirestoreJobStore) 
 
 
 def test_a_stale_update_fails_alone(lingering: BatchingFirestoreJobStore) -> None:
-    versions = _together([lambda i=i: lingering.create(f"job-{i}", {"epoch": 1}) for i in range(5)])
+    def create(i: int) -> Version:
+        return lingering.create(f"job-{i}", {"epoch": 1})
+
+    versions = _together([partial(create, i) for i in range(5)])
     assert not any(isinstance(v, BaseException) for v in versions)
     lingering.update("job-0", {("epoch",): 2}, expected=versions[0])  # job-0's v1 is now stale
     before = lingering.batcher.batches
-    results = _together(
-        [
-            lambda i=i: lingering.update(f"job-{i}", {("epoch",): 3}, expected=versions[i])
-            for i in range(5)
-        ]
-    )
+
+    def update(i: int) -> Version:
+        return lingering.update(f"job-{i}", {("epoch",): 3}, expected=versions[i])
+
+    results = _together([partial(update, i) for i in range(5)])
     assert lingering.batcher.batches - before == 1
     assert isinstance(results[0], VersionConflict)
     assert not any(isinstance(r, BaseException) for r in results[1:])
@@ -110,9 +118,11 @@ def test_writes_to_one_document_go_in_separate_batches(
 ) -> None:
     version = lingering.create("job", {"owner": "nobody"})
     before = lingering.batcher.batches
-    results = _together(
-        [lambda o=o: lingering.update("job", {("owner",): o}, expected=version) for o in "abcd"]
-    )
+
+    def update(owner: str) -> Version:
+        return lingering.update("job", {("owner",): owner}, expected=version)
+
+    results = _together([partial(update, o) for o in "abcd"])
     assert lingering.batcher.batches - before == 4
     winners = [r for r in results if not isinstance(r, BaseException)]
     assert len(winners) == 1
@@ -135,7 +145,7 @@ def test_a_write_that_lands_after_its_settling_read_is_recognised_as_ours(
     def lose_reply(write_pb: Any) -> Version:
         if not held:
             held.append(write_pb)  # sent, but slow: it lands after the next read
-            raise gexc.DeadlineExceeded("reply lost")
+            raise gexc.DeadlineExceeded("reply lost")  # type: ignore[no-untyped-call]
         return real_submit(write_pb)
 
     def read_then_land(doc_id: str) -> Any:
@@ -208,7 +218,7 @@ def test_a_write_cut_off_by_a_partition_is_retried_and_applied_once(
             assert snap.version == outcome["version"]
         finally:
             store.close()
-            client.close()
+            client.close()  # type: ignore[no-untyped-call]
 
 
 def test_an_idle_flusher_ends_and_the_next_write_starts_another(

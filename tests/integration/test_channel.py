@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -23,7 +23,9 @@ def test_a_trailer_listing_hundreds_of_invalid_ack_ids_is_a_clean_error(
     handle = make_subscription(exactly_once=True, ack_deadline_seconds=60)
     ours = subscriber_client()
     stock = type(ours)(
-        transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(emulators.pubsub_host))
+        transport=SubscriberGrpcTransport(
+            channel=grpc.insecure_channel(cast(str, emulators.pubsub_host))
+        )
     )
     try:
         futures = [publisher.publish(handle.topic_path, str(i).encode()) for i in range(STALE)]

@@ -159,7 +159,9 @@ def test_a_commit_whose_reply_was_lost_is_not_run_again(
         response = real_commit(*args, request=request, **kwargs)
         if request.get("transaction") and not lost:
             lost.append("reply lost")
-            raise ServiceUnavailable("connection reset after the commit was sent")
+            raise ServiceUnavailable(  # type: ignore[no-untyped-call]
+                "connection reset after the commit was sent"
+            )
         return response
 
     api.commit = commit
@@ -183,7 +185,7 @@ def test_a_commit_whose_reply_was_lost_is_not_run_again(
             w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1)
             assert w.counter(Counter.RETRIED) == 0  # settled in place, not by a redelivery
     finally:
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]
 
     assert lost == ["reply lost"]
     assert len(runs) == 1
@@ -232,7 +234,7 @@ class FailingOncePublisher:
     def publish(self, topic: str, data: bytes, **attributes: str) -> Any:
         if data == self._fail_data:
             self._fail_data = None
-            raise ServiceUnavailable("Pub/Sub did not answer")
+            raise ServiceUnavailable("Pub/Sub did not answer")  # type: ignore[no-untyped-call]
         return self._real.publish(topic, data, **attributes)
 
 

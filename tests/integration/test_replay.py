@@ -19,7 +19,9 @@ from .conftest import pull_all
 pytestmark = pytest.mark.emulator
 
 
-def _env(monkeypatch: pytest.MonkeyPatch, emulators: Emulators, settings: pubsub_worker.Settings):
+def _env(
+    monkeypatch: pytest.MonkeyPatch, emulators: Emulators, settings: pubsub_worker.Settings
+) -> None:
     for name, value in emulators.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", settings.subscription_path)
@@ -49,7 +51,11 @@ def test_replay_revives_a_failed_job_without_repeating_its_completed_steps(
     broken = {"b": True}
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("a", lambda: effects.append(("a", job.key)) or "a-done")
+        def a() -> str:
+            effects.append(("a", job.key))
+            return "a-done"
+
+        job.step("a", a)
 
         def b() -> str:
             if broken["b"]:

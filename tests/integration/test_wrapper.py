@@ -38,8 +38,17 @@ def test_steps_run_once_and_the_job_is_completed_before_the_ack(
     calls: list[tuple[str, str, int]] = []
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        url = job.step("upload", lambda: calls.append(("upload", job.key, job.epoch)) or "u://1")
-        job.step("notify", lambda: calls.append(("notify", url, job.epoch)) or {"sent": True})
+        def upload() -> str:
+            calls.append(("upload", job.key, job.epoch))
+            return "u://1"
+
+        url = job.step("upload", upload)
+
+        def notify() -> dict[str, bool]:
+            calls.append(("notify", url, job.epoch))
+            return {"sent": True}
+
+        job.step("notify", notify)
 
     with worker(handle, settings) as w:
         for n in range(3):
@@ -68,7 +77,11 @@ def test_one_key_published_twice_runs_once(
     runs: list[str] = []
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("charge", lambda: runs.append(message.message_id) or 1)
+        def charge() -> int:
+            runs.append(message.message_id)
+            return 1
+
+        job.step("charge", charge)
 
     with worker(handle, settings) as w:
         for _ in range(2):
@@ -131,7 +144,11 @@ def test_hostile_keys_are_processed_under_their_own_hashed_document(
     runs: list[str] = []
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("only", lambda: runs.append(job.key) or 1)
+        def only() -> int:
+            runs.append(job.key)
+            return 1
+
+        job.step("only", only)
 
     with worker(handle, settings) as w:
         publisher.publish(eod_subscription.topic_path, b"x", op=key).result()
@@ -198,7 +215,11 @@ def test_same_key_with_another_payload_is_rejected_for_review(
     runs: list[bytes] = []
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("apply", lambda: runs.append(message.data) or 1)
+        def apply() -> int:
+            runs.append(message.data)
+            return 1
+
+        job.step("apply", apply)
 
     with worker(handle, settings) as w:
         publisher.publish(eod_subscription.topic_path, b"amount=10", op="order-1").result()
@@ -235,7 +256,12 @@ def test_at_least_once_is_accepted_when_allowed_with_one_loud_warning(
     settings = settings_for(plain, allow_at_least_once=True)
     runs: list[str] = []
     caplog.set_level(logging.WARNING, logger="pubsub_worker")
-    with worker(lambda m, j: j.step("s", lambda: runs.append(j.key) or 1), settings) as w:
+
+    def record_run(job: pubsub_worker.Job) -> int:
+        runs.append(job.key)
+        return 1
+
+    with worker(lambda m, j: j.step("s", lambda: record_run(j)), settings) as w:
         for _ in range(2):
             publisher.publish(plain.topic_path, b"x").result()
         w.wait_for(lambda: w.counter(Counter.COMPLETED) == 2)

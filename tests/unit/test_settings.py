@@ -102,4 +102,4 @@ def test_missing_subscription_is_reported_when_needed() -> None:
 def test_settings_are_frozen() -> None:
     settings = Settings(project="demo-project")
     with pytest.raises(Exception, match="frozen"):
-        settings.lease_seconds = 20  # type: ignore[misc]
+        settings.lease_seconds = 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-import proto.datetime_helpers
+import proto.datetime_helpers  # type: ignore[import-untyped]
 import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud import firestore
@@ -17,7 +17,9 @@ from pubsub_worker.stores._writes import create_write, update_write
 NAME = "projects/p/databases/(default)/documents/jobs/abc123"
 UTC = datetime.timezone.utc
 NOW = datetime.datetime(2026, 5, 17, 12, 30, 45, 123456, tzinfo=UTC)
-NANOS = DatetimeWithNanoseconds(2026, 5, 17, 12, 30, 45, nanosecond=123456789, tzinfo=UTC)
+NANOS = DatetimeWithNanoseconds(  # type: ignore[no-untyped-call]
+    2026, 5, 17, 12, 30, 45, nanosecond=123456789, tzinfo=UTC
+)
 # Update times as the library reads them back (proto-plus's own class).
 VERSION = proto.datetime_helpers.DatetimeWithNanoseconds(
     2026, 5, 17, 12, 30, 45, nanosecond=123456789, tzinfo=UTC
@@ -115,7 +117,11 @@ def test_conflicting_paths_are_rejected(changes: dict[tuple[str, ...], Any]) -> 
 def test_empty_update_and_empty_names_are_rejected_like_the_library() -> None:
     with pytest.raises(ValueError, match="empty"):
         update_write(NAME, {}, NOW)
-    for bad in ({("steps", ""): 1}, {("steps",): {"": 1}}):
+    bad_changes: tuple[dict[tuple[str, ...], Any], ...] = (
+        {("steps", ""): 1},
+        {("steps",): {"": 1}},
+    )
+    for bad in bad_changes:
         with pytest.raises(ValueError, match="empty"):
             update_write(NAME, bad, NOW)
         with pytest.raises(ValueError, match="empty"):
@@ -133,7 +139,10 @@ def test_values_the_fast_path_does_not_know_go_through_the_library() -> None:
 
     fields = {"geo": firestore.GeoPoint(1.5, 2.5), "set": {1}, "level": Level(3)}
     assert create_write(NAME, fields) == _library_create(fields)
-    changes = {("at",): firestore.SERVER_TIMESTAMP, ("level",): Level(4)}
+    changes: dict[tuple[str, ...], Any] = {
+        ("at",): firestore.SERVER_TIMESTAMP,
+        ("level",): Level(4),
+    }
     assert _sorted_mask(update_write(NAME, changes, NOW)) == _sorted_mask(
         _library_update(changes, NOW)
     )
