@@ -288,6 +288,7 @@ class EmulatorProcess:
                 self._popen.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
                 logger.error("%s emulator pid=%d did not die after SIGKILL", self.name, pid)
+            _wait_group_gone(pid)
             with _LIVE_LOCK:
                 _LIVE.discard(self)
             logger.info("stopped %s emulator pid=%d", self.name, pid)
@@ -301,6 +302,40 @@ class EmulatorProcess:
     def __repr__(self) -> str:
         state = "running" if self.alive() else "exited"
         return f"<EmulatorProcess {self.name} pid={self.pid} {self.address} {state}>"
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``; empty where /proc is absent."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """Wait until no process of the group is alive: SIGKILL is delivered asynchronously.
+
+    While any member lives the group id cannot be reused, so signalling it again
+    reaches only what is left of ours.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (members := _live_group_members(pgid)) and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.02)
+    if members:  # pragma: no cover - only an unkillable (D-state) process stays
+        logger.error("process group %d still has members %s after SIGKILL", pgid, members)
 
 
 def stop_all() -> None:
