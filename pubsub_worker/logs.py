@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import MutableMapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .keys import display
 
@@ -21,7 +21,13 @@ __all__ = ["JobLogger", "JsonFormatter", "configure", "job_logger"]
 _KEY_SHOWN_BYTES = 128
 
 
-class JobLogger(logging.LoggerAdapter[logging.Logger]):
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:  # LoggerAdapter is subscriptable at run time only from Python 3.11
+    _Adapter = logging.LoggerAdapter
+
+
+class JobLogger(_Adapter):
     """Adds ``job_key`` and ``message_id`` to every record and to its text."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
