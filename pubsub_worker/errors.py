@@ -8,8 +8,14 @@
     │   ├── ProcessingTimeout  the job ran past MAX_PROCESSING_SECONDS and was abandoned
     │   └── ShuttingDown       the worker is draining; the job is released for another worker
     ├── PermanentError         raised by user code: the job can never succeed, send it to review
+    │   ├── LimitExceeded      a message or document would exceed a production limit
+    │   └── DocumentTooLarge   the job document would outgrow Firestore's 1 MiB
     ├── InvalidMessage         the message cannot become a job (missing key, payload conflict)
     ├── StoreError             the job store failed in a way that is not an ownership decision
+    ├── VersionConflict        a conditional write found another version (a store raises it)
+    ├── AlreadyExists          a create found the document there (a store raises it)
+    ├── OutboxUnsent           a committed outbox entry could not be published yet
+    ├── FailurePathUnavailable the failure path could neither publish nor record the message
     └── Unreachable            Pub/Sub or Firestore did not answer at start-up
 
 Errors of the Google client libraries are mapped to these at the boundary
@@ -21,15 +27,21 @@ stale callback is stopped).
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyExists",
     "ConfigError",
+    "DocumentTooLarge",
+    "FailurePathUnavailable",
     "InvalidMessage",
+    "LimitExceeded",
     "LostOwnership",
+    "OutboxUnsent",
     "PermanentError",
     "ProcessingTimeout",
     "PubSubWorkerError",
     "ShuttingDown",
     "StoreError",
     "Unreachable",
+    "VersionConflict",
 ]
 
 
@@ -93,3 +105,50 @@ class StoreError(PubSubWorkerError):
 
 class Unreachable(PubSubWorkerError):
     """Pub/Sub or Firestore did not answer at start-up; the message says where it looked."""
+
+
+class LimitExceeded(PermanentError, ValueError):
+    """A message the library would publish, or a value it would store, breaks a production limit.
+
+    Pub/Sub allows at most 100 attributes per message, attribute keys of 1 to
+    256 bytes that do not start with ``goog``, values up to 1024 bytes and
+    10 MB per message; the emulator enforces almost none of this, so the
+    library checks what it sends itself. The message says which limit.
+    """
+
+
+class DocumentTooLarge(PermanentError):
+    """The job document would outgrow its budget under Firestore's 1 MiB document limit.
+
+    Raised when a step's result (or an outbox entry) would not fit; the job
+    goes to the failure path once, with reason ``too_large``; steps already
+    committed are kept and never run again.
+    """
+
+
+class VersionConflict(PubSubWorkerError):
+    """A conditional update found another version: someone else wrote the document.
+
+    A custom :class:`~pubsub_worker.JobStore` raises it from ``update``.
+    """
+
+
+class AlreadyExists(PubSubWorkerError):
+    """``create`` found the document already there. A custom store raises it from ``create``."""
+
+
+class OutboxUnsent(PubSubWorkerError):
+    """A committed outbox entry could not be published; the job is not completed until it is.
+
+    The job is released without counting an attempt and the message comes
+    back after a backoff; the entry is published again, with the same effect
+    key, before anything else runs.
+    """
+
+
+class FailurePathUnavailable(PubSubWorkerError):
+    """The message could be neither published for review nor recorded; it is not acked.
+
+    It is left for a redelivery after a backoff (never a hot loop); metrics
+    count it as ``failure_path_errors``.
+    """

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import store as s
 from .claim import now_utc
-from .errors import PubSubWorkerError
+from .errors import FailurePathUnavailable
 from .job import Job
 from .keys import display, document_id
 from .metrics import Counter, Metrics
@@ -59,10 +59,6 @@ class Reason:
     """The configured key attribute was missing or empty."""
     PAYLOAD_CONFLICT = "payload_conflict"
     """The key was already used for a different payload."""
-
-
-class FailurePathUnavailable(PubSubWorkerError):
-    """The message could be neither published for review nor stored; it must not be acked."""
 
 
 class FailurePath:

@@ -45,6 +45,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from .errors import AlreadyExists, VersionConflict
+
 __all__ = [
     "ATTEMPTS",
     "ATTRIBUTES",
@@ -122,14 +124,6 @@ class Status(str, Enum):
     """Done; a redelivery is acked without running anything."""
     FAILED = "failed"
     """In the reviewed failure path; a redelivery is acked. ``pubsub-worker replay`` revives it."""
-
-
-class VersionConflict(Exception):
-    """A conditional update found another version: someone else wrote the document."""
-
-
-class AlreadyExists(Exception):
-    """``create`` found the document already there."""
 
 
 @dataclass(frozen=True)
