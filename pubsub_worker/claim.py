@@ -5,10 +5,20 @@ common case, in one RPC. An existing job is read, :func:`decide` says what
 its state allows, and a take-over is written with ``update`` conditioned on
 the version just read: if anyone wrote in between, the claim is decided
 again from a fresh read. No lock is held between the read and the write.
+
+Whether a running job's lease is still live is judged on the store's clock
+(:func:`lease_left_s`): the claim stores the lease length (``lease_seconds``)
+and every write of the owner moves the document's update time, so the lease
+runs until ``update_time + lease_seconds``, compared with the snapshot's read
+time. Both times come from the server, so a worker whose wall clock is off by
+a minute decides exactly as one whose clock is right. ``lease_expires_at`` is
+still written, from the writer's clock, for humans and for documents written
+before ``lease_seconds`` existed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -23,7 +33,7 @@ from .errors import StoreError
 from .keys import JobIdentity, display
 from .store import AlreadyExists, JobRecord, JobStore, Status, Version, VersionConflict
 
-__all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide"]
+__all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide", "lease_left_s", "now_utc"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_ROUNDS = 20
@@ -39,7 +49,7 @@ class ClaimKind(str, Enum):
     FAILED = "failed"
     """The job is in the failure path already: ack."""
     BUSY = "busy"
-    """Another owner holds a live lease: do not run; try again after ``busy_until``."""
+    """Another owner holds a live lease: do not run; try again in ``busy_for_s``."""
     CONFLICT = "conflict"
     """The key was used for another payload: this message goes to the failure path."""
 
@@ -66,6 +76,9 @@ class Claim:
     record: JobRecord | None = None
     version: Version | None = None
     busy_until: datetime | None = None
+    """BUSY: the owner's ``lease_expires_at``, on the owner's wall clock (an approximation)."""
+    busy_for_s: float = 0.0
+    """BUSY: seconds the owner's lease still runs, measured on the store's clock."""
 
     @property
     def epoch(self) -> int:
@@ -79,11 +92,44 @@ def now_utc() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def decide(record: JobRecord, request: ClaimRequest, now: datetime) -> ClaimKind:
+def lease_left_s(
+    record: JobRecord,
+    now: datetime,
+    *,
+    read_time: datetime | None = None,
+    update_time: datetime | None = None,
+) -> float:
+    """Seconds the current claim's lease still runs (zero or less: expired). Pure.
+
+    With the snapshot's server times and a stored ``lease_s`` this is
+    ``update_time + lease_s - read_time``: the owner's last write renewed the
+    lease, and ``now`` (this process's wall clock) plays no part. Without
+    them (a store without a clock, a document written before
+    ``lease_seconds``) it falls back to ``lease_expires_at - now``, which
+    trusts that the writer's clock and ours agree. No lease at all: expired.
+    """
+    if read_time is not None and update_time is not None and record.lease_s is not None:
+        return (update_time - read_time).total_seconds() + record.lease_s
+    if record.lease_expires_at is None:
+        return 0.0
+    return (record.lease_expires_at - now).total_seconds()
+
+
+def decide(
+    record: JobRecord,
+    request: ClaimRequest,
+    now: datetime,
+    *,
+    read_time: datetime | None = None,
+    update_time: datetime | None = None,
+) -> ClaimKind:
     """What the stored state allows this delivery to do. Pure: no I/O.
 
-    Order matters: a payload conflict is reported even for a completed job,
-    so a second operation under a used key is never silently dropped.
+    ``read_time`` and ``update_time`` are the snapshot's server times; give
+    them whenever the store has them (see :func:`lease_left_s`), so ``now``
+    only matters for documents without ``lease_seconds``. Order matters: a
+    payload conflict is reported even for a completed job, so a second
+    operation under a used key is never silently dropped.
     """
     if record.payload_sha256 not in (None, request.identity.payload_sha256):
         return ClaimKind.CONFLICT
@@ -92,7 +138,7 @@ def decide(record: JobRecord, request: ClaimRequest, now: datetime) -> ClaimKind
     if record.status is Status.FAILED:
         return ClaimKind.FAILED
     if record.status is Status.RUNNING:
-        live = record.lease_expires_at is not None and record.lease_expires_at > now
+        live = lease_left_s(record, now, read_time=read_time, update_time=update_time) > 0
         ours_superseded = (
             record.owner == request.owner
             and record.message_id == request.message_id
@@ -115,6 +161,7 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
         s.OWNER: request.owner,
         s.MESSAGE_ID: request.message_id,
         s.DELIVERY: request.delivery,
+        s.LEASE_SECONDS: float(request.lease_s),
         s.LEASE_EXPIRES_AT: now + timedelta(seconds=request.lease_s),
         s.ATTEMPTS: 1,
         s.PAYLOAD_SHA256: identity.payload_sha256,
@@ -155,9 +202,18 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
         ):
             # Our own claim, landed by an earlier round whose reply was lost.
             return Claim(ClaimKind.CLAIMED, record, snap.version)
-        kind = decide(record, request, now)
+        kind = decide(record, request, now, read_time=snap.read_time, update_time=snap.update_time)
         if kind is ClaimKind.BUSY:
-            return Claim(kind, record, snap.version, busy_until=record.lease_expires_at)
+            left_s = lease_left_s(
+                record, now, read_time=snap.read_time, update_time=snap.update_time
+            )
+            return Claim(
+                kind,
+                record,
+                snap.version,
+                busy_until=record.lease_expires_at,
+                busy_for_s=max(left_s, 0.0),
+            )
         if kind is not ClaimKind.CLAIMED:
             return Claim(kind, record, snap.version)
         changes: dict[tuple[str, ...], Any] = {
@@ -166,9 +222,12 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             (s.OWNER,): request.owner,
             (s.MESSAGE_ID,): request.message_id,
             (s.DELIVERY,): request.delivery,
+            (s.LEASE_SECONDS,): float(request.lease_s),
             (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=request.lease_s),
             (s.ATTEMPTS,): record.attempts + 1,
             (s.UPDATED_AT,): now,
+            # Retention counts from the last claim, so a job still being retried is kept.
+            (s.EXPIRE_AT,): now + timedelta(seconds=request.retention_s),
         }
         if record.payload_sha256 is None:
             changes[(s.PAYLOAD_SHA256,)] = request.identity.payload_sha256
@@ -178,7 +237,8 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             _LOGGER.debug("claim of %s raced another writer; deciding again", doc_id)
             time.sleep(random.uniform(0.0, 0.02))
             continue
-        taken = JobRecord(
+        taken = dataclasses.replace(
+            record,
             status=Status.RUNNING,
             epoch=record.epoch + 1,
             owner=request.owner,
@@ -187,9 +247,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             lease_expires_at=now + timedelta(seconds=request.lease_s),
             attempts=record.attempts + 1,
             payload_sha256=request.identity.payload_sha256,
-            steps=record.steps,
-            outbox=record.outbox,
-            error=record.error,
+            lease_s=float(request.lease_s),
         )
         return Claim(ClaimKind.CLAIMED, taken, version)
     raise StoreError(f"claim of job {doc_id} did not settle after {_MAX_ROUNDS} rounds")

@@ -10,35 +10,52 @@ Stored layout (owned here; field names are the constants below)::
       owner                str            worker id (host/pid/random) of the current claim
       message_id           str            message id of the owning delivery
       delivery             str            digest of the owning delivery's ack id
-      lease_expires_at     timestamp      claim is live until then; renewed only on progress
+      lease_seconds        float          lease length of the current claim; the claim is live
+                                          while the document's update time + lease_seconds is
+                                          after the read time (both the server's clock), so
+                                          every write of the owner renews it
+      lease_expires_at     timestamp      the same lease on the writer's wall clock: for humans,
+                                          and for documents written before lease_seconds
       attempts             int            claims made so far (not Pub/Sub's best-effort counter)
       payload_sha256       str            same key with another payload is a conflict
       steps.{name}         map            {result: JSON text, epoch: int, at: timestamp}
       outbox.{id}          map            {topic, data: bytes, attributes, step, effect_key, sent}
       error                str            last error (retryable) or the failure reason
       reason               str            why a job failed: error | attempts | permanent |
-                                          missing_key | payload_conflict
-      data, attributes     bytes, map     original message, kept on a failed record for replay
-      first_seen_at, updated_at, completed_at, failed_at   timestamps
-      expire_at            timestamp      retention; point a Firestore TTL policy at it
+                                          missing_key | payload_conflict | too_large
+      data                 bytes          original message data, kept on a failed record for
+                                          replay (None when too large to keep)
+      attributes           str            original message attributes as JSON text, on a
+                                          failed record
+      first_seen_at, updated_at, completed_at, failed_at   timestamps (writer's wall clock)
+      replayed_at          timestamp      when ``pubsub-worker replay`` last reset the job
+      expire_at            timestamp      retention, refreshed by every claim; point a
+                                          Firestore TTL policy at it
       write_id             str            id of the last write, to settle unknown outcomes
 
 A store offers three primitives and nothing else; every decision (claim,
 commit, complete, fail) is built from them in :mod:`pubsub_worker.claim` and
 :mod:`pubsub_worker.job`, so the same logic runs on every store:
 
-* ``get``: the document and its *version* (an opaque value that changes on
-  every write: Firestore's update time, a counter in memory);
+* ``get``: the document, its *version* (an opaque value that changes on
+  every write: Firestore's update time, a counter in memory) and, where the
+  store has them, the server's read time and the document's update time;
 * ``create``: atomic create-if-absent;
 * ``update``: atomic update *if the version is still the one given*.
 
 A conditional update is a compare-and-set: a stale owner's write always fails,
 because the new owner's claim changed the version. No read-modify-write
 transaction is needed on the hot path (see ``docs/architecture.md``).
+
+Leases are judged on the store's clock, never on a worker's: the read time
+and update time of one snapshot both come from the server, so a worker whose
+wall clock is off neither takes a live job over early nor waits past a lease
+that has really expired (:func:`pubsub_worker.claim.lease_left_s`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,11 +77,13 @@ __all__ = [
     "FIRST_SEEN_AT",
     "KEY",
     "LEASE_EXPIRES_AT",
+    "LEASE_SECONDS",
     "MESSAGE_ID",
     "OUTBOX",
     "OWNER",
     "PAYLOAD_SHA256",
     "REASON",
+    "REPLAYED_AT",
     "STATUS",
     "STEPS",
     "SUBSCRIPTION",
@@ -90,6 +109,7 @@ EPOCH = "epoch"
 OWNER = "owner"
 MESSAGE_ID = "message_id"
 DELIVERY = "delivery"
+LEASE_SECONDS = "lease_seconds"
 LEASE_EXPIRES_AT = "lease_expires_at"
 ATTEMPTS = "attempts"
 PAYLOAD_SHA256 = "payload_sha256"
@@ -103,6 +123,7 @@ FIRST_SEEN_AT = "first_seen_at"
 UPDATED_AT = "updated_at"
 COMPLETED_AT = "completed_at"
 FAILED_AT = "failed_at"
+REPLAYED_AT = "replayed_at"
 EXPIRE_AT = "expire_at"
 WRITE_ID = "write_id"
 
@@ -128,10 +149,18 @@ class Status(str, Enum):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A document as read: its fields and its version."""
+    """A document as read: its fields, its version and the server's times.
+
+    ``read_time`` (when the server read the document) and ``update_time``
+    (when it was last written) are on the store's clock, so their difference
+    is the same whatever a worker's wall clock says. A store that has no
+    such clock leaves them ``None``; leases are then judged on the wall clock.
+    """
 
     fields: dict[str, Any]
     version: Version
+    read_time: datetime | None = None
+    update_time: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +185,7 @@ class OutboxEntry:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """The parsed job document."""
+    """The parsed job document (or failed record); missing fields read as their defaults."""
 
     status: Status
     epoch: int
@@ -169,6 +198,17 @@ class JobRecord:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     outbox: dict[str, OutboxEntry] = field(default_factory=dict)
     error: str | None = None
+    lease_s: float | None = None
+    """Lease length of the current claim, in seconds; ``None`` on documents older than it."""
+    key: str | None = None
+    subscription: str | None = None
+    reason: str | None = None
+    data: bytes | None = None
+    """Original message data of a failed record; ``None`` when it was too large to keep."""
+    attributes: dict[str, str] | None = field(default_factory=dict)
+    """Original message attributes of a failed record; ``None`` when they are unreadable."""
+    failed_at: datetime | None = None
+    replayed_at: datetime | None = None
 
     @classmethod
     def parse(cls, fields: Mapping[str, Any]) -> JobRecord:
@@ -188,6 +228,8 @@ class JobRecord:
             )
             for entry_id, value in (fields.get(OUTBOX) or {}).items()
         }
+        lease_s = fields.get(LEASE_SECONDS)
+        data = fields.get(DATA)
         return cls(
             status=Status(fields.get(STATUS, Status.RELEASED.value)),
             epoch=int(fields.get(EPOCH, 0)),
@@ -200,7 +242,31 @@ class JobRecord:
             steps=steps,
             outbox=outbox,
             error=fields.get(ERROR),
+            lease_s=float(lease_s) if lease_s is not None else None,
+            key=fields.get(KEY),
+            subscription=fields.get(SUBSCRIPTION),
+            reason=fields.get(REASON),
+            data=bytes(data) if data is not None else None,
+            attributes=_parse_attributes(fields.get(ATTRIBUTES)),
+            failed_at=fields.get(FAILED_AT),
+            replayed_at=fields.get(REPLAYED_AT),
         )
+
+
+def _parse_attributes(raw: Any) -> dict[str, str] | None:
+    """Attributes as stored (JSON text; a map is read too); ``None`` unless str to str."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        return None
+    return dict(raw)
 
 
 @runtime_checkable

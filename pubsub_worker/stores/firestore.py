@@ -8,6 +8,9 @@ own previous write returned. A write that fails with an unknown outcome
 document back: if it carries this write's ``write_id`` it landed; if the
 version is unchanged it did not and is sent again; otherwise someone else
 wrote and the caller gets :class:`~pubsub_worker.store.VersionConflict`.
+
+A read returns Firestore's own read time and update time with the fields,
+so leases are judged on the server's clock, not this worker's.
 """
 
 from __future__ import annotations
@@ -90,7 +93,12 @@ class FirestoreJobStore:
         )
         if not snap.exists:
             return None
-        return Snapshot(fields=snap.to_dict() or {}, version=snap.update_time)
+        return Snapshot(
+            fields=snap.to_dict() or {},
+            version=snap.update_time,
+            read_time=snap.read_time,
+            update_time=snap.update_time,
+        )
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
         write_id = uuid.uuid4().hex

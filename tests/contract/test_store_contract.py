@@ -1,7 +1,8 @@
 """The same assertions on every job store: memory (pure logic) and Firestore (the real emulator).
 
 These pin the three primitives the claim and commit logic is built on:
-create-if-absent, read with a version, and update-if-version-unchanged.
+create-if-absent, read with a version and the server's times, and
+update-if-version-unchanged.
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ def test_create_is_create_if_absent(store: JobStore) -> None:
     again = store.get("job-1")
     assert again is not None
     assert again.fields["epoch"] == 1
+
+
+def test_a_read_carries_server_times_that_order_the_writes(store: JobStore) -> None:
+    v1 = store.create("job-t", {"epoch": 1})
+    first = store.get("job-t")
+    assert first is not None
+    assert first.update_time is not None
+    assert first.read_time is not None
+    assert first.read_time >= first.update_time
+    again = store.get("job-t")
+    assert again is not None
+    assert again.update_time == first.update_time  # no write in between: same time
+    assert again.read_time is not None
+    assert again.read_time >= first.read_time
+
+    store.update("job-t", {("epoch",): 2}, expected=v1)
+    second = store.get("job-t")
+    assert second is not None
+    assert second.update_time is not None
+    assert second.read_time is not None
+    assert second.update_time > first.update_time  # every write moves it: a lease renewal
+    assert second.update_time >= first.read_time  # the write came after the first read
+    assert second.read_time >= second.update_time
 
 
 def test_get_of_a_missing_document_is_none(store: JobStore) -> None:

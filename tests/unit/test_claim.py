@@ -6,13 +6,28 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim, decide
+from pubsub_worker import claim as claim_module
+from pubsub_worker.claim import ClaimKind, ClaimRequest, claim, decide, lease_left_s
 from pubsub_worker.keys import derive_identity
-from pubsub_worker.store import JobRecord, Status
+from pubsub_worker.store import EXPIRE_AT, LEASE_SECONDS, JobRecord, Status
 from pubsub_worker.stores import MemoryJobStore
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SUB = "projects/p/subscriptions/s"
+LEASE_S = 10.0
+
+
+class Clock:
+    """A clock the test moves by hand: the store's (server) clock."""
+
+    def __init__(self, start: datetime = NOW) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
 
 
 def request(
@@ -22,6 +37,7 @@ def request(
     delivery: str = "d1",
     data: bytes = b"payload",
     superseded: bool = False,
+    retention_s: float = 3600,
 ) -> ClaimRequest:
     identity = derive_identity(
         subscription=SUB,
@@ -35,25 +51,32 @@ def request(
         owner=owner,
         message_id=message_id,
         delivery=delivery,
-        lease_s=10,
-        retention_s=3600,
+        lease_s=LEASE_S,
+        retention_s=retention_s,
         superseded=lambda _m, _d: superseded,
     )
 
 
-def record(status: Status, *, lease_s: float = 5, **overrides: object) -> JobRecord:
+def record(status: Status, *, expires_in_s: float = 5, **overrides: object) -> JobRecord:
     base: dict[str, object] = {
         "status": status,
         "epoch": 3,
         "owner": "other",
         "message_id": "m1",
         "delivery": "d0",
-        "lease_expires_at": NOW + timedelta(seconds=lease_s),
+        "lease_expires_at": NOW + timedelta(seconds=expires_in_s),
         "attempts": 2,
         "payload_sha256": request().identity.payload_sha256,
     }
     base.update(overrides)
     return JobRecord(**base)  # type: ignore[arg-type]
+
+
+def skew_wall_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """This worker's wall clock runs ``seconds`` off the real time (the store's clock is not)."""
+    monkeypatch.setattr(
+        claim_module, "now_utc", lambda: datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,13 +85,45 @@ def record(status: Status, *, lease_s: float = 5, **overrides: object) -> JobRec
         (record(Status.COMPLETED), ClaimKind.COMPLETED),
         (record(Status.FAILED), ClaimKind.FAILED),
         (record(Status.RUNNING), ClaimKind.BUSY),
-        (record(Status.RUNNING, lease_s=-1), ClaimKind.CLAIMED),
+        (record(Status.RUNNING, expires_in_s=-1), ClaimKind.CLAIMED),
+        (record(Status.RUNNING, lease_expires_at=None), ClaimKind.CLAIMED),
         (record(Status.RELEASED), ClaimKind.CLAIMED),
         (record(Status.COMPLETED, payload_sha256="f" * 64), ClaimKind.CONFLICT),
     ],
 )
-def test_decide(stored: JobRecord, expected: ClaimKind) -> None:
+def test_decide_without_server_times_uses_lease_expires_at(
+    stored: JobRecord, expected: ClaimKind
+) -> None:
     assert decide(stored, request(), NOW) is expected
+
+
+@pytest.mark.parametrize(
+    ("written_s_ago", "expected"),
+    [(0, ClaimKind.BUSY), (9.9, ClaimKind.BUSY), (10, ClaimKind.CLAIMED), (30, ClaimKind.CLAIMED)],
+)
+@pytest.mark.parametrize("skew_s", [-3600, -60, 0, 60, 3600])
+@pytest.mark.parametrize("written_expiry_s", [-3600, 3600])
+def test_decide_with_server_times_ignores_the_wall_clocks(
+    written_s_ago: float, expected: ClaimKind, skew_s: float, written_expiry_s: float
+) -> None:
+    # Neither our clock (now) nor the previous owner's (its lease_expires_at) plays a part.
+    stored = record(Status.RUNNING, expires_in_s=written_expiry_s, lease_s=LEASE_S)
+    now = NOW + timedelta(seconds=skew_s)
+    update_time = NOW - timedelta(seconds=written_s_ago)
+    assert decide(stored, request(), now, read_time=NOW, update_time=update_time) is expected
+    left_s = lease_left_s(stored, now, read_time=NOW, update_time=update_time)
+    assert left_s == pytest.approx(LEASE_S - written_s_ago)
+
+
+def test_a_document_without_lease_seconds_falls_back_to_lease_expires_at() -> None:
+    stored = record(Status.RUNNING, expires_in_s=5)  # written before lease_seconds existed
+    assert stored.lease_s is None
+    old_write = NOW - timedelta(seconds=3600)  # by server time its lease would be long over
+    assert decide(stored, request(), NOW, read_time=NOW, update_time=old_write) is ClaimKind.BUSY
+    later = NOW + timedelta(seconds=6)
+    assert decide(stored, request(), later, read_time=NOW, update_time=old_write) is (
+        ClaimKind.CLAIMED
+    )
 
 
 def test_a_superseded_delivery_of_this_process_is_taken_over_despite_its_lease() -> None:
@@ -82,28 +137,82 @@ def test_a_superseded_delivery_of_this_process_is_taken_over_despite_its_lease()
     assert decide(theirs, request(superseded=True), NOW) is ClaimKind.BUSY
 
 
-def test_claim_creates_then_takes_over_with_a_higher_epoch() -> None:
-    store = MemoryJobStore()
+def test_claim_creates_then_takes_over_with_a_higher_epoch_once_the_lease_ran_out() -> None:
+    server = Clock()
+    store = MemoryJobStore(clock=server)
     first = claim(store, request())
     assert first.kind is ClaimKind.CLAIMED
-    assert (first.epoch, first.record.attempts if first.record else 0) == (1, 1)
+    assert first.record is not None
+    assert (first.epoch, first.record.attempts, first.record.lease_s) == (1, 1, LEASE_S)
+    server.advance(4)
     busy = claim(store, request(owner="other", delivery="d2"))
     assert busy.kind is ClaimKind.BUSY
     assert busy.busy_until is not None
-    # expire the lease, then the other owner takes over at epoch 2
-    snap = store.get(request().identity.doc_id)
-    assert snap is not None
-    store.update(
-        request().identity.doc_id,
-        {("lease_expires_at",): datetime.now(timezone.utc) - timedelta(seconds=1)},
-        expected=snap.version,
-    )
+    assert busy.busy_for_s == pytest.approx(LEASE_S - 4)
+    server.advance(LEASE_S - 4)
     taken = claim(store, request(owner="other", delivery="d2"))
     assert taken.kind is ClaimKind.CLAIMED
     assert taken.epoch == 2
     assert taken.record is not None
     assert taken.record.attempts == 2
     assert taken.record.owner == "other"
+    assert taken.record.lease_s == LEASE_S
+    snap = store.get(request().identity.doc_id)
+    assert snap is not None
+    assert snap.fields[LEASE_SECONDS] == LEASE_S
+
+
+@pytest.mark.parametrize("skew_s", [-60, 60])
+def test_a_skewed_wall_clock_neither_takes_over_early_nor_waits_too_long(
+    monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    server = Clock(datetime.now(timezone.utc))
+    store = MemoryJobStore(clock=server)
+    assert claim(store, request()).kind is ClaimKind.CLAIMED  # the owner's clock is right
+
+    skew_wall_clock(monkeypatch, skew_s)  # from here on, the other worker's clock is off
+    server.advance(LEASE_S - 1)
+    early = claim(store, request(owner="other", delivery="d2"))
+    assert early.kind is ClaimKind.BUSY
+    assert early.busy_for_s == pytest.approx(1)
+
+    server.advance(1)
+    on_time = claim(store, request(owner="other", delivery="d2"))
+    assert on_time.kind is ClaimKind.CLAIMED
+    assert on_time.epoch == 2
+
+
+def test_every_write_of_the_owner_renews_the_lease() -> None:
+    server = Clock()
+    store = MemoryJobStore(clock=server)
+    mine = claim(store, request())
+    doc_id = request().identity.doc_id
+    server.advance(LEASE_S - 1)
+    store.update(doc_id, {("steps", "a"): {"result": "1", "epoch": 1}}, expected=mine.version)
+    server.advance(LEASE_S - 1)  # 2 * LEASE_S - 2 after the claim, LEASE_S - 1 after the step
+    busy = claim(store, request(owner="other", delivery="d2"))
+    assert busy.kind is ClaimKind.BUSY
+    assert busy.busy_for_s == pytest.approx(1)
+
+
+def test_a_take_over_refreshes_the_retention(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = Clock()
+    store = MemoryJobStore(clock=server)
+    doc_id = request().identity.doc_id
+    wall = Clock()
+    monkeypatch.setattr(claim_module, "now_utc", wall)
+    claim(store, request(retention_s=100))
+    snap = store.get(doc_id)
+    assert snap is not None
+    assert snap.fields[EXPIRE_AT] == NOW + timedelta(seconds=100)
+
+    server.advance(LEASE_S)
+    wall.advance(3600)
+    taken = claim(store, request(owner="other", delivery="d2", retention_s=100))
+    assert taken.kind is ClaimKind.CLAIMED
+    snap = store.get(doc_id)
+    assert snap is not None
+    assert snap.fields[EXPIRE_AT] == NOW + timedelta(seconds=3600 + 100)
 
 
 def test_claim_reports_a_conflicting_payload_for_the_same_key() -> None:
