@@ -6,7 +6,7 @@ Registered through the ``pytest11`` entry point of the package. Fixtures:
 fixture                    scope      value
 =========================  =========  ============================================
 ``emulators``              session    :class:`~emulator.Emulators`, env exported
-``publisher``              session    ``google.cloud.pubsub_v1.PublisherClient``
+``publisher``              session    ``PublisherClient`` checked against limits
 ``subscriber``             session    ``google.cloud.pubsub_v1.SubscriberClient``
 ``firestore_client``       session    ``google.cloud.firestore.Client``
 ``make_subscription``      function   factory -> :class:`~emulator.SubscriptionHandle`
@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -137,14 +137,50 @@ def emulators(request: pytest.FixtureRequest) -> Iterator[Emulators]:
                 os.environ[key] = value
 
 
+class _LimitedPublisher:
+    """A ``PublisherClient`` whose ``publish`` refuses what production's Pub/Sub rejects.
+
+    The emulator accepts 101 attributes, oversized or empty keys and keys
+    starting with ``goog``; production does not. Checking here means a test
+    cannot pass by publishing a message production would refuse. Everything
+    but ``publish`` is the client's own.
+    """
+
+    # Keywords of PublisherClient.publish that are not message attributes.
+    _OPTIONS = frozenset({"ordering_key", "retry", "timeout"})
+
+    def __init__(self, client: Any, check: Callable[[bytes, Mapping[str, str]], None]) -> None:
+        self._client = client
+        self._check = check
+
+    def publish(self, topic: str, data: bytes, **kwargs: Any) -> Any:
+        """Publish like the client; raise ``LimitExceeded`` for a message over the limits."""
+        attributes = {k: v for k, v in kwargs.items() if k not in self._OPTIONS}
+        # Values of the wrong type are left to the client, which raises its own TypeError.
+        if isinstance(data, bytes) and all(isinstance(v, str) for v in attributes.values()):
+            self._check(data, attributes)
+        return self._client.publish(topic, data, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 @pytest.fixture(scope="session")
 def publisher(emulators: Emulators) -> Iterator[Any]:
-    """A ``google.cloud.pubsub_v1.PublisherClient`` bound to the emulator."""
+    """A ``google.cloud.pubsub_v1.PublisherClient`` bound to the emulator.
+
+    Its ``publish(topic, data, **attrs)`` raises
+    :class:`pubsub_worker.errors.LimitExceeded`, before sending, for a message
+    that breaks production's limits (:mod:`pubsub_worker.limits`), which the
+    emulator would accept.
+    """
     import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
+
+    from pubsub_worker import limits  # noqa: PLC0415
 
     client: Any = pubsub_v1.PublisherClient()
     try:
-        yield client
+        yield _LimitedPublisher(client, limits.check_message)
     finally:
         client.stop()
         client.transport.close()

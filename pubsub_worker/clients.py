@@ -14,7 +14,8 @@ from google.api_core import retry
 from google.cloud import firestore
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
-from .errors import ConfigError, Unreachable
+from . import limits
+from .errors import ConfigError, LimitExceeded, Unreachable
 from .settings import Settings
 
 __all__ = [
@@ -78,9 +79,23 @@ def publisher_client(settings: Settings | None = None) -> pubsub_v1.PublisherCli
 def publisher_function(
     publisher: pubsub_v1.PublisherClient,
 ) -> Callable[[str, bytes, Mapping[str, str]], Future[str]]:
-    """Adapt a publisher to the ``(topic_path, data, attributes) -> Future`` shape."""
+    """Adapt a publisher to the ``(topic_path, data, attributes) -> Future`` shape.
+
+    Every message is checked against production's limits first
+    (:func:`pubsub_worker.limits.check_message`): one that breaks them is not
+    sent, and the returned future fails with :class:`~pubsub_worker.errors.LimitExceeded`
+    (nothing is raised by the call itself), so a caller handles it where it
+    handles every other publish error, at ``future.result()``.
+    """
 
     def publish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
+        try:
+            limits.check_message(data, attributes)
+        except LimitExceeded as exc:
+            # The emulator would accept most of these and production would not: never send.
+            failed: Future[str] = Future()
+            failed.set_exception(exc)
+            return failed
         return publisher.publish(topic, data, **attributes)  # type: ignore[no-any-return]
 
     return publish
