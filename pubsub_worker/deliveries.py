@@ -34,7 +34,15 @@ class Delivery:
     generation: int
     digest: str
     lost: threading.Event = field(default_factory=threading.Event)
-    """Set when Pub/Sub said this ack ID is no longer valid."""
+    """Set when this delivery no longer owns the message (see :attr:`lost_why`)."""
+    lost_why: str = ""
+    """Why: Pub/Sub refused the ack id, or the lease was given up for lack of progress."""
+
+    def give_up(self, why: str) -> None:
+        """Mark this delivery lost; the first reason given is kept."""
+        if not self.lost.is_set():
+            self.lost_why = why
+            self.lost.set()
 
 
 class DeliveryTracker:

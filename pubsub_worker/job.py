@@ -1,16 +1,20 @@
-"""A claimed job: steps, heartbeats and the writes that fence a stale owner out.
+"""The job a handler sees: steps, transactional steps, the outbox and heartbeats.
 
-Every write of a job is an update conditioned on the version our previous
-write returned (:mod:`pubsub_worker.store`). A step's record is committed
-lazily: just before the next step runs, or together with the completion, so
+Every write goes through the job's :class:`~pubsub_worker.fencing.FencedDocument`,
+conditioned on the version of our previous write. A step's record is
+committed lazily: just before the next step runs, or with the completion, so
 a one-step job costs two writes (claim, complete). The record of step N is
 always durable before step N+1 starts, so a crash never re-runs a step that
 a later step has built on.
+
+The job document has a budget under Firestore's 1 MiB
+(:mod:`pubsub_worker.records`): a step whose result would not fit raises
+:class:`~pubsub_worker.errors.DocumentTooLarge` before anything is written,
+so the job goes to the failure path once, its committed steps kept.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -26,14 +30,17 @@ from .claim import now_utc
 from .deliveries import Delivery, DeliveryTracker
 from .errors import (
     LostOwnership,
-    PermanentError,
+    OutboxUnsent,
     ProcessingTimeout,
     ShuttingDown,
-    StoreError,
 )
+from .fencing import FencedDocument
+from .hooks import Hooks
 from .keys import JobIdentity
 from .metrics import Counter, Metrics
-from .store import JobRecord, JobStore, Status, TransactionalStore, Version, VersionConflict
+from .outbox import Outgoing, check_outgoing, entry_changes, escape, unsent
+from .records import Budget, Recorded, check_step_name, encode
+from .store import JobRecord, JobStore, OutboxEntry, Status, Version
 
 __all__ = ["Job", "JobContext", "Publish"]
 
@@ -43,12 +50,6 @@ T = TypeVar("T")
 
 Publish = Callable[[str, bytes, Mapping[str, str]], "Future[str]"]
 """Publishes ``(topic_path, data, attributes)``; the future resolves to the message id."""
-
-MAX_STEP_NAME_BYTES = 256
-MAX_RESULT_BYTES = 256 * 1024
-MAX_OUTBOX_DATA_BYTES = 256 * 1024
-MAX_ATTRIBUTE_VALUE_BYTES = 1024
-STEP_ATTRIBUTE = "pubsub_worker_step"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class JobContext:
     outbox_key_attribute: str
     stopping: threading.Event
     """Set when in-flight jobs must stop at their next boundary (shutdown grace is over)."""
+    hooks: Hooks
 
 
 class Job:
@@ -92,17 +94,24 @@ class Job:
         self._epoch = record.epoch
         self._attempt = record.attempts
         self._steps: dict[str, str] = {name: r.result for name, r in record.steps.items()}
-        self._unsent = [entry for entry in record.outbox.values() if not entry.sent]
-        self._lock = threading.RLock()  # guards _version, _pending, _last_write
-        self._version: Version | None = version
-        self._pending: dict[tuple[str, ...], Any] = {}
-        self._last_write = time.monotonic()
+        self._unsent: list[OutboxEntry] = unsent(record.outbox)
+        self._budget = Budget(record)
+        self._doc = FencedDocument(
+            store=context.store,
+            doc_id=identity.doc_id,
+            epoch=record.epoch,
+            delivery=delivery.digest,
+            version=version,
+            lease_s=context.lease_s,
+            on_lost=self._lose,
+        )
         self._current_step: str | None = None
-        self._step_outbox: list[tuple[str, bytes, dict[str, str]]] = []
-        self._lost = False
+        self._step_outbox: list[Outgoing] = []
+        self._publishes = 0
         self._finished: str | None = None
-        self.started = time.monotonic()
-        self.last_progress = self.started
+        self.stop_error: LostOwnership | None = None
+        """The stop signal this job raised to its handler, if any: it decides the outcome."""
+        self.last_progress = time.monotonic()
         self.abandoned = threading.Event()
         """Set by the lease keeper when the job ran past ``MAX_PROCESSING_SECONDS``."""
 
@@ -142,7 +151,7 @@ class Job:
         Give it to a sink that deduplicates (payment APIs, object stores) so
         a step that re-runs after a crash repeats no effect there.
         """
-        return f"{_escape(self.key)}:{_escape(step)}"
+        return f"{escape(self.key)}:{escape(step)}"
 
     def step(self, name: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` once for this job and return its result.
@@ -157,33 +166,29 @@ class Job:
         effect idempotent with :meth:`idempotency_key`, or fence it with
         :attr:`epoch`.
         """
-        self._check()
-        _check_step_name(name)
-        if name in self._steps:
-            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
-            self._log.debug("step %r already recorded; skipped", name)
-            return json.loads(self._steps[name])  # type: ignore[no-any-return]
-        if self._current_step is not None:
-            raise RuntimeError(f"step {name!r} started inside step {self._current_step!r}")
-        if any(path[0] == s.STEPS for path in self._pending):
-            self._write({})  # the previous step's record is durable before this step runs
+        recorded = self._begin(name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
+        if self._doc.staged((s.STEPS,)):
+            self._doc.write()  # the previous step's record is durable before this step runs
         self._current_step, self._step_outbox = name, []
         try:
             value = fn()
-            result = _encode(name, value)
         finally:
             self._current_step = None
+        result = encode(name, value)
+        changes, entries = self._outbox_changes(name)
+        self._budget.check(name, result, entries)
+        self._budget.add(name, result, entries)
         self._ctx.metrics.inc(Counter.STEPS_RUN)
-        outbox, entries = self._outbox_changes(name)
-        with self._lock:
-            self._steps[name] = result
-            self._pending[(s.STEPS, name)] = self._step_record(result)
-            self._pending.update(outbox)
+        self._steps[name] = result
+        self._doc.stage({(s.STEPS, name): self._step_record(result), **changes})
         self._progress()
-        if outbox:
-            self._write({})
-            self._unsent.extend(entries)  # committed: now they may be published
-            self._publish_unsent()
+        if entries:
+            self._doc.write()  # an outbox entry is durable before it is published
+            self._ctx.hooks.after_commit(self.key, name)
+            self._unsent.extend(entries)
+            self._try_publish_unsent()
         return json.loads(result)  # type: ignore[no-any-return]
 
     def transactional_step(self, name: str, fn: Callable[[Any], T]) -> T:
@@ -202,16 +207,11 @@ class Job:
         until Firestore expires its transaction (60 s idle on the emulator),
         and its commit then fails. Returns the recorded result like :meth:`step`.
         """
-        self._check()
-        _check_step_name(name)
-        if name in self._steps:
-            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
-            return json.loads(self._steps[name])  # type: ignore[no-any-return]
-        store = self._ctx.store
-        if not isinstance(store, TransactionalStore):
-            raise StoreError(f"{type(store).__name__} cannot run transactional steps")
+        recorded = self._begin(name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
         encoded: dict[str, str] = {}
-        committed: list[s.OutboxEntry] = []  # the outbox entries of the attempt that commits
+        committed: list[OutboxEntry] = []  # the outbox entries of the attempt that commits
 
         def body(transaction: Any) -> T:
             self._current_step, self._step_outbox = name, []
@@ -221,63 +221,54 @@ class Job:
                 self._current_step = None
 
         def changes(value: Any) -> dict[tuple[str, ...], Any]:
-            encoded["result"] = _encode(name, value)
+            encoded["result"] = encode(name, value)
             outbox, committed[:] = self._outbox_changes(name)
-            with self._lock:
-                merged = dict(self._pending)
-            merged[(s.STEPS, name)] = self._step_record(encoded["result"])
-            merged.update(outbox)
-            merged.update(self._lease_changes())
-            return merged
+            self._budget.check(name, encoded["result"], committed)
+            return {(s.STEPS, name): self._step_record(encoded["result"]), **outbox}
 
-        with self._lock:
-            for _ in range(3):
-                expected = self._version if self._version is not None else self._resettle()
-                try:
-                    _, version = store.transact(
-                        self._identity.doc_id, expected=expected, body=body, changes=changes
-                    )
-                except VersionConflict:
-                    # Someone wrote the job: a new owner (LostOwnership), or our own commit
-                    # whose reply was lost, which recorded the step at our epoch: never run
-                    # it again then.
-                    record, self._version = self._read_own()
-                    done = record.steps.get(name)
-                    if done is None or done.epoch != self._epoch:
-                        continue
-                    encoded["result"], version = done.result, self._version
-                    entries = record.outbox.values()
-                    committed[:] = [e for e in entries if e.step == name and not e.sent]
-                break
-            else:
-                raise self._lose("the transactional step kept conflicting with another writer")
-            self._version = version
-            self._pending.clear()
-            self._last_write = time.monotonic()
-            self._steps[name] = encoded["result"]
-            self._unsent.extend(committed)
+        def adopt(record: JobRecord) -> bool:
+            done = record.steps.get(name)
+            if done is None or done.epoch != self._epoch:
+                return False
+            encoded["result"] = done.result
+            entries = record.outbox.values()
+            committed[:] = [e for e in entries if e.step == name and not e.sent]
+            return True
+
+        self._doc.transact(body, changes, adopt)
+        self._budget.add(name, encoded["result"], committed)  # checked inside the transaction
+        self._steps[name] = encoded["result"]
         self._ctx.metrics.inc(Counter.STEPS_RUN)
+        self._ctx.hooks.after_commit(self.key, name)
         self._progress()
-        self._publish_unsent()
+        self._unsent.extend(committed)
+        self._try_publish_unsent()
         return json.loads(encoded["result"])  # type: ignore[no-any-return]
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> None:
-        """Publish a message when the current step commits; call it inside a step.
+        """Publish a message exactly once for this job.
 
-        The message is written to the job's outbox in the step's commit and
-        published after it, with the effect key (``{key}:{step}:{n}``) in the
-        attribute named by ``PUBSUB_WORKER_OUTBOX_KEY_ATTRIBUTE`` and the step
-        name in ``pubsub_worker_step``. A redelivery publishes only entries not
-        marked sent, with the same effect key, so a consumer keyed on that
-        attribute drops the duplicate: exactly once end to end.
+        Inside a step, the message is written to the job's outbox in the
+        step's commit and published after it. Outside any step, the publish
+        is a step of its own (named ``~publish.N`` by its order in the
+        handler), committed and then published. Either way the message
+        carries the effect key (``{key}:{step}:{n}``) in the attribute named by
+        ``PUBSUB_WORKER_OUTBOX_KEY_ATTRIBUTE`` and the step name in
+        ``pubsub_worker_step``. An entry that could not be published is
+        published again, with the same effect key, before the job completes
+        or by the next delivery, so a consumer keyed on that attribute drops
+        any duplicate. Raises :class:`~pubsub_worker.errors.LimitExceeded` for
+        a message Pub/Sub would refuse (checked now, not after the commit).
         """
-        if self._current_step is None:
-            raise RuntimeError("job.publish() must be called inside job.step()")
         if not isinstance(data, bytes):
             raise TypeError("data must be bytes")
-        if len(data) > MAX_OUTBOX_DATA_BYTES:
-            raise ValueError(f"outbox messages are limited to {MAX_OUTBOX_DATA_BYTES} bytes")
-        self._step_outbox.append((self._ctx.topic_path(topic), data, dict(attributes)))
+        outgoing = Outgoing(self._ctx.topic_path(topic), data, dict(attributes))
+        check_outgoing(outgoing, self._ctx.outbox_key_attribute)
+        if self._current_step is None:
+            self._publishes += 1
+            self.step(f"~publish.{self._publishes}", lambda: self._step_outbox.append(outgoing))
+            return
+        self._step_outbox.append(outgoing)
 
     def heartbeat(self) -> None:
         """Report progress: the leases are renewed only while a job reports it.
@@ -287,8 +278,8 @@ class Job:
         """
         self._check()
         self._progress()
-        if time.monotonic() - self._last_write > self._ctx.lease_s / 3:
-            self._write({})
+        if self._doc.lease_due():
+            self._doc.write()
 
     # -- what the worker uses -----------------------------------------------------
 
@@ -302,19 +293,44 @@ class Job:
         """Key, document id and payload digest."""
         return self._identity
 
-    def check(self) -> None:
-        """Raise :class:`LostOwnership` (or a subclass) if this job must stop now."""
-        self._check()
+    @property
+    def document_room(self) -> int:
+        """Bytes a failed record may still add to the job document."""
+        return self._budget.room
 
     def publish_unsent(self) -> None:
-        """Publish outbox entries an earlier owner committed but did not mark sent."""
-        self._publish_unsent()
+        """Publish every committed, unsent outbox entry; :class:`OutboxUnsent` if one fails."""
+        while self._unsent:
+            entry = self._unsent[0]
+            self._check_owner()
+            self._ctx.hooks.before_publish(self.key, entry.step, entry.id)
+            try:
+                future = self._ctx.publish(entry.topic, entry.data, entry.attributes)
+                message_id = future.result(timeout=self._ctx.io_timeout_s)
+            except Exception as exc:
+                self._ctx.metrics.inc(Counter.OUTBOX_ERRORS)
+                raise OutboxUnsent(
+                    f"outbox entry of step {entry.step!r} to {entry.topic} not published: {exc}"
+                ) from exc
+            self._ctx.metrics.inc(Counter.OUTBOX_PUBLISHED)
+            self._log.info(
+                "published outbox entry of step %r to %s as %s", entry.step, entry.topic, message_id
+            )
+            self._ctx.hooks.after_publish(self.key, entry.step, entry.id)
+            self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})
+            self._unsent.pop(0)
 
     def complete(self) -> None:
-        """Commit the completion (and any pending step record); raises if not the owner."""
-        self._check()
+        """Publish what is unsent, then commit the completion (and any pending step record).
+
+        Not stopped by the processing cap or a shutdown (the work is done);
+        raises :class:`OutboxUnsent` if an entry cannot be published yet and
+        :class:`LostOwnership` if another owner holds the job.
+        """
+        self._check_owner()
+        self.publish_unsent()
         now = now_utc()
-        self._write(
+        self._doc.write(
             {
                 (s.STATUS,): Status.COMPLETED.value,
                 (s.COMPLETED_AT,): now,
@@ -337,7 +353,7 @@ class Job:
         }
         if not count_attempt:
             changes[(s.ATTEMPTS,)] = max(self._attempt - 1, 0)
-        self._write(changes)
+        self._doc.write(changes)
         self._finished = "released"
 
     def fail(self, reason: str, error: str, extra: Mapping[str, Any]) -> None:
@@ -352,32 +368,57 @@ class Job:
             (s.EXPIRE_AT,): now + timedelta(seconds=self._ctx.retention_s),
         }
         changes.update({(name,): value for name, value in extra.items()})
-        self._write(changes)
+        self._doc.write(changes)
         self._finished = "failed"
+
+    def check(self) -> None:
+        """Raise :class:`LostOwnership` (or a subclass) if this job must stop now."""
+        self._check()
 
     # -- internals ----------------------------------------------------------------
 
-    def _check(self) -> None:
+    def _begin(self, name: str) -> Recorded | None:
+        """Checks before a step; the recorded result if the step is done already, else None."""
+        self._check()
+        check_step_name(name)
+        if self._current_step is not None:
+            raise RuntimeError(f"step {name!r} started inside step {self._current_step!r}")
+        if name in self._steps:
+            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
+            self._log.debug("step %r already recorded; skipped", name)
+            return Recorded(json.loads(self._steps[name]))
+        return None
+
+    def _check_owner(self) -> None:
         if self._finished is not None:
             raise RuntimeError(f"the job is already {self._finished}; no more steps")
-        if self._lost:
-            raise LostOwnership(f"job {self._identity.doc_id} is owned by another delivery")
+        if self.stop_error is not None and not isinstance(
+            self.stop_error, ProcessingTimeout | ShuttingDown
+        ):
+            raise self.stop_error
         if not self._ctx.tracker.is_current(self._delivery):
-            why = (
-                "Pub/Sub refused this delivery's ack id"
-                if self._delivery.lost.is_set()
-                else "a newer delivery of this message exists"
+            lost = self._delivery.lost.is_set()
+            raise self._lose(
+                self._delivery.lost_why if lost else "a newer delivery of this message exists"
             )
-            raise self._lose(why)
+
+    def _check(self) -> None:
+        self._check_owner()
         if self.abandoned.is_set():
-            raise ProcessingTimeout("the job ran past PUBSUB_WORKER_MAX_PROCESSING_SECONDS")
+            raise self._stop(ProcessingTimeout("the job ran past MAX_PROCESSING_SECONDS"))
         if self._ctx.stopping.is_set():
-            raise ShuttingDown("the worker is shutting down")
+            raise self._stop(ShuttingDown("the worker is shutting down"))
+
+    def _stop(self, error: LostOwnership) -> LostOwnership:
+        if self.stop_error is None:
+            self.stop_error = error
+        return error
 
     def _lose(self, why: str) -> LostOwnership:
-        self._lost = True
         self._log.warning("lost ownership: %s", why)
-        return LostOwnership(why)
+        error = LostOwnership(why)
+        self.stop_error = error  # overrides a cap or a shutdown: nothing can be written now
+        return error
 
     def _progress(self) -> None:
         self.last_progress = time.monotonic()
@@ -385,118 +426,13 @@ class Job:
     def _step_record(self, result: str) -> dict[str, Any]:
         return {"result": result, "epoch": self._epoch, "at": now_utc()}
 
-    def _lease_changes(self) -> dict[tuple[str, ...], Any]:
-        now = now_utc()
-        return {
-            (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=self._ctx.lease_s),
-            (s.UPDATED_AT,): now,
-        }
+    def _outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
+        outgoing, self._step_outbox = self._step_outbox, []
+        return entry_changes(self.key, step, outgoing, self._ctx.outbox_key_attribute)
 
-    def _outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[s.OutboxEntry]]:
-        """The outbox writes of the current step, and its entries (queued once committed)."""
-        changes: dict[tuple[str, ...], Any] = {}
-        entries: list[s.OutboxEntry] = []
-        for index, (topic, data, attributes) in enumerate(self._step_outbox):
-            entry_id = hashlib.sha256(f"{step}\0{index}".encode()).hexdigest()[:32]
-            effect_key = f"{_escape(self.key)}:{_escape(step)}:{index}"
-            if len(effect_key.encode("utf-8", "surrogatepass")) > MAX_ATTRIBUTE_VALUE_BYTES:
-                raw = effect_key.encode("utf-8", "surrogatepass")
-                effect_key = "sha256:" + hashlib.sha256(raw).hexdigest()
-            stamped = {
-                **attributes,
-                self._ctx.outbox_key_attribute: effect_key,
-                STEP_ATTRIBUTE: step[:MAX_ATTRIBUTE_VALUE_BYTES],
-            }
-            entry = {
-                "topic": topic,
-                "data": data,
-                "attributes": stamped,
-                "step": step,
-                "effect_key": effect_key,
-                "sent": False,
-            }
-            changes[(s.OUTBOX, entry_id)] = entry
-            entries.append(s.OutboxEntry(entry_id, topic, data, stamped, step, sent=False))
-        self._step_outbox = []
-        return changes, entries
-
-    def _publish_unsent(self) -> None:
-        while self._unsent:
-            entry = self._unsent[0]
-            self._check()
-            future = self._ctx.publish(entry.topic, entry.data, entry.attributes)
-            message_id = future.result(timeout=self._ctx.io_timeout_s)
-            self._ctx.metrics.inc(Counter.OUTBOX_PUBLISHED)
-            self._log.info(
-                "published outbox entry of step %r to %s as %s", entry.step, entry.topic, message_id
-            )
-            with self._lock:
-                self._pending[(s.OUTBOX, entry.id, "sent")] = True
-            self._unsent.pop(0)
-
-    def _write(self, changes: Mapping[tuple[str, ...], Any]) -> None:
-        """Commit pending records plus ``changes``, conditioned on our last version."""
-        with self._lock:
-            merged = dict(self._pending)
-            merged.update(self._lease_changes())
-            merged.update(changes)
-            for _ in range(3):
-                expected = self._version if self._version is not None else self._resettle()
-                try:
-                    self._version = self._ctx.store.update(
-                        self._identity.doc_id, merged, expected=expected
-                    )
-                except VersionConflict:
-                    self._version = None  # settle by reading: still ours, or lost
-                    continue
-                self._pending.clear()
-                self._last_write = time.monotonic()
-                return
-            raise self._lose("the job document kept changing under this owner")
-
-    def _resettle(self) -> Version:
-        """Read the job: if it is still ours, its version; else :class:`LostOwnership`."""
-        return self._read_own()[1]
-
-    def _read_own(self) -> tuple[JobRecord, Version]:
-        """The job as read, with its version, if it is still ours; else :class:`LostOwnership`."""
-        snap = self._ctx.store.get(self._identity.doc_id)
-        if snap is None:
-            raise self._lose("the job document is gone")
-        record = JobRecord.parse(snap.fields)
-        if (
-            record.epoch != self._epoch
-            or record.status is not Status.RUNNING
-            or record.delivery != self._delivery.digest
-        ):
-            raise self._lose(f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})")
-        return record, snap.version
-
-
-def _escape(part: str) -> str:
-    """``%`` and ``:`` percent-encoded, so ``key:step`` joins are unambiguous.
-
-    Keys and step names without those characters are unchanged; with them,
-    key ``a:b`` + step ``c`` and key ``a`` + step ``b:c`` no longer meet.
-    """
-    return part.replace("%", "%25").replace(":", "%3A")
-
-
-def _check_step_name(name: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError("a step name is a non-empty string")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_STEP_NAME_BYTES:
-        raise ValueError(f"step names are at most {MAX_STEP_NAME_BYTES} bytes")
-
-
-def _encode(step: str, value: Any) -> str:
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise PermanentError(f"the result of step {step!r} is not JSON: {exc}") from exc
-    if len(text.encode()) > MAX_RESULT_BYTES:
-        raise PermanentError(
-            f"the result of step {step!r} is {len(text)} bytes; at most {MAX_RESULT_BYTES} "
-            "are recorded (store large outputs elsewhere and return their reference)"
-        )
-    return text
+    def _try_publish_unsent(self) -> None:
+        """Publish now if possible; a failure leaves the entry for the completion to retry."""
+        try:
+            self.publish_unsent()
+        except OutboxUnsent as exc:
+            self._log.warning("%s; published again before the job completes", exc)

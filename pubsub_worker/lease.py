@@ -1,18 +1,32 @@
-"""The lease keeper: renews a message's Pub/Sub lease only while its job makes progress.
+"""The Pub/Sub lease of every message in the worker's hands, from receipt to settlement.
 
-One named daemon thread per worker wakes about once a second. For each job
-in flight it renews the ack deadline (``modify_ack_deadline_with_response``)
-when half a lease has passed since the last renewal *and* the job reported
-progress since then (a finished step or ``job.heartbeat()``). A stalled job
-is therefore not renewed: Pub/Sub redelivers it after its lease and another
-delivery recovers it. A renewal answered with ``INVALID_ACK_ID`` or
-``FAILED_PRECONDITION`` marks the delivery lost; the job stops at its next
-boundary. A job running longer than ``max_processing_s`` is abandoned: it
-stops at its next boundary and is not renewed any more.
+A message is watched from the moment the worker receives it (the scheduler
+of :func:`pubsub_worker.run` reports the receipt; a plain
+``subscriber.subscribe`` reports it when the callback starts). Time spent
+waiting for a thread, for the key gate or for a busy owner counts: the
+processing cap (``max_processing_s``) runs from receipt.
 
-The Firestore lease is renewed by the job's own writes (every step commit
-and heartbeat), never by this thread, so only the callback's thread writes
-the job document.
+One named daemon thread wakes about once a second and, for each message:
+
+* **waiting** (no job claimed yet): renews the ack deadline every half lease;
+  waiting is the worker's doing, not a stall;
+* **running** (a job claimed): renews every half lease *only if the job
+  reported progress* since the last renewal (a finished step or
+  ``job.heartbeat()``). A job with no progress for a whole lease is *stalled*:
+  the delivery is given up (dropped from the client's lease management, so
+  Pub/Sub redelivers it within a lease) and the job stops at its next
+  boundary;
+* past the cap: the job is abandoned (it stops at its next boundary with
+  ``ProcessingTimeout``) and the message is not renewed any more.
+
+A renewal answered ``INVALID_ACK_ID`` or ``FAILED_PRECONDITION`` marks the
+delivery lost. The client's own lease management (flow control's
+``max_lease_duration``, set by :func:`pubsub_worker.flow_control` to the cap
+plus a lease) holds the flow-control slot of a message until it is settled,
+so no more than ``MAX_MESSAGES`` callbacks run or queue at once.
+
+The Firestore lease is renewed by the job's own writes
+(:mod:`pubsub_worker.fencing`), never by this thread.
 """
 
 from __future__ import annotations
@@ -27,13 +41,16 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
+from .deliveries import Delivery
+from .logs import JobLogger, job_logger
 from .metrics import Counter, Metrics
 
-__all__ = ["LeaseKeeper", "Leased", "TrackedJob"]
+__all__ = ["LOST_STATUSES", "LeaseKeeper", "Leased", "Ticket", "TrackedJob"]
 
 _LOGGER = logging.getLogger(__name__)
 
 LOST_STATUSES = (AcknowledgeStatus.INVALID_ACK_ID, AcknowledgeStatus.FAILED_PRECONDITION)
+"""Ack and modack answers that mean this delivery no longer owns the message."""
 
 
 class Leased(Protocol):
@@ -41,34 +58,35 @@ class Leased(Protocol):
 
     def modify_ack_deadline_with_response(self, seconds: int) -> Future[Any]: ...
 
+    def drop(self) -> None: ...
+
 
 class TrackedJob(Protocol):
-    """The part of a job the keeper reads (and the two events it may set)."""
+    """The part of a job the keeper reads (and the event it may set)."""
 
-    started: float
     last_progress: float
     abandoned: threading.Event
 
-    @property
-    def delivery(self) -> Any: ...
 
-    @property
-    def key(self) -> str: ...
+@dataclass(eq=False)
+class Ticket:
+    """One watched message."""
 
-    @property
-    def message_id(self) -> str: ...
-
-
-@dataclass
-class _Entry:
-    job: TrackedJob
     message: Leased
-    publish_time: float
+    delivery: Delivery
+    key: str
+    received_at: float
+    """``time.monotonic()`` at receipt."""
+    published_at: float
+    """``time.time()`` of the publish, for the age gauge."""
     last_renewal: float
+    job: TrackedJob | None = None
+    attached_at: float = 0.0
+    done: bool = False
 
 
 class LeaseKeeper:
-    """Renews leases of jobs that make progress; abandons jobs past the processing cap."""
+    """Renews leases of waiting messages and of jobs that progress; gives up stalls and caps."""
 
     def __init__(
         self,
@@ -82,8 +100,8 @@ class LeaseKeeper:
         self._max_processing_s = max_processing_s
         self._metrics = metrics
         self._tick_s = tick_s
-        self._lock = threading.Lock()  # guards _entries and _thread
-        self._entries: dict[int, _Entry] = {}
+        self._lock = threading.Lock()  # guards _tickets and _thread
+        self._tickets: set[Ticket] = set()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -106,59 +124,102 @@ class LeaseKeeper:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
-    def track(self, job: TrackedJob, message: Leased, publish_time: float) -> None:
-        """Keep ``message`` leased while ``job`` makes progress."""
+    def watch(
+        self,
+        message: Leased,
+        delivery: Delivery,
+        *,
+        received_at: float,
+        published_at: float,
+        key: str = "?",
+    ) -> Ticket:
+        """Keep ``message`` leased from ``received_at`` until :meth:`forget`."""
+        ticket = Ticket(message, delivery, key, received_at, published_at, received_at)
+        with self._lock:
+            self._tickets.add(ticket)
+        return ticket
+
+    def attach(self, ticket: Ticket, job: TrackedJob, key: str) -> None:
+        """The delivery claimed ``job``: from now on, renew only while it progresses."""
         now = time.monotonic()
         with self._lock:
-            self._entries[id(job)] = _Entry(job, message, publish_time, last_renewal=now)
+            ticket.key = key
+            ticket.job = job
+            ticket.attached_at = now
+            job.last_progress = max(job.last_progress, now)
+            if ticket.received_at + self._max_processing_s <= now:
+                job.abandoned.set()  # it waited past the cap before it could start
 
-    def untrack(self, job: TrackedJob) -> None:
-        """Stop renewing; call when the callback ends, whatever the outcome."""
+    def forget(self, ticket: Ticket) -> None:
+        """Stop watching; call when the delivery is settled, whatever the outcome."""
         with self._lock:
-            self._entries.pop(id(job), None)
+            ticket.done = True
+            self._tickets.discard(ticket)
 
     def in_flight(self) -> int:
-        """Jobs being processed now."""
+        """Jobs being processed now (claimed, not settled)."""
         with self._lock:
-            return len(self._entries)
+            return sum(1 for t in self._tickets if t.job is not None)
+
+    def watched(self) -> int:
+        """Messages in the worker's hands: waiting or running."""
+        with self._lock:
+            return len(self._tickets)
 
     def oldest_age_s(self) -> float:
-        """Age in seconds of the oldest message in flight (since it was published), or 0."""
+        """Age in seconds of the oldest message in the worker's hands (since publish), or 0."""
         with self._lock:
-            oldest = min((e.publish_time for e in self._entries.values()), default=None)
+            oldest = min((t.published_at for t in self._tickets), default=None)
         return 0.0 if oldest is None else max(time.time() - oldest, 0.0)
 
-    def tick(self) -> None:
-        """One pass over the jobs in flight (the thread calls it; tests may too)."""
-        now = time.monotonic()
+    def tick(self, now: float | None = None) -> None:
+        """One pass over the watched messages (the thread calls it; tests may too)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
-            entries = list(self._entries.values())
-        for entry in entries:
-            job = entry.job
-            if job.abandoned.is_set():
-                continue
-            if now - job.started > self._max_processing_s:
-                job.abandoned.set()
-                self._metrics.inc(Counter.ABANDONED)
-                _LOGGER.warning(
-                    "job %s message %s: abandoned after %.0f s (MAX_PROCESSING_SECONDS)",
-                    job.key,
-                    job.message_id,
-                    now - job.started,
-                )
-                continue
-            due = now - entry.last_renewal >= self._lease_s / 2
-            if due and job.last_progress > entry.last_renewal:
-                entry.last_renewal = now
-                self._renew(entry)
+            tickets = list(self._tickets)
+        for ticket in tickets:
+            self._tick_one(ticket, now)
 
-    def _renew(self, entry: _Entry) -> None:
-        job = entry.job
+    def _tick_one(self, ticket: Ticket, now: float) -> None:
+        job = ticket.job
+        if ticket.done or ticket.delivery.lost.is_set():
+            return
+        if job is not None and job.abandoned.is_set():
+            return
+        if now - ticket.received_at > self._max_processing_s:
+            if job is not None:
+                job.abandoned.set()
+            self._metrics.inc(Counter.ABANDONED)
+            _log(ticket).warning(
+                "abandoned after %.0f s (MAX_PROCESSING_SECONDS)", now - ticket.received_at
+            )
+            ticket.message.drop()
+            return
+        due = now - ticket.last_renewal >= self._lease_s / 2
+        if job is None:
+            if due:
+                self._renew(ticket, now)
+            return
+        if now - max(job.last_progress, ticket.attached_at) >= self._lease_s:
+            ticket.delivery.give_up("no progress for a lease: the delivery was given up")
+            self._metrics.inc(Counter.STALLED)
+            _log(ticket).warning(
+                "no progress for %.0f s; not renewed, Pub/Sub redelivers it",
+                now - job.last_progress,
+            )
+            ticket.message.drop()
+            return
+        if due and job.last_progress > ticket.last_renewal:
+            self._renew(ticket, now)
+
+    def _renew(self, ticket: Ticket, now: float) -> None:
+        ticket.last_renewal = now
+        log = _log(ticket)
         try:
-            future = entry.message.modify_ack_deadline_with_response(int(self._lease_s))
+            future = ticket.message.modify_ack_deadline_with_response(int(self._lease_s))
         except Exception:
             self._metrics.inc(Counter.RENEWAL_FAILURES)
-            _LOGGER.exception("job %s message %s: lease renewal failed", job.key, job.message_id)
+            log.exception("lease renewal failed")
             return
 
         def done(f: Future[Any]) -> None:
@@ -168,17 +229,10 @@ class LeaseKeeper:
                 return
             self._metrics.inc(Counter.RENEWAL_FAILURES)
             if isinstance(error, AcknowledgeError) and error.error_code in LOST_STATUSES:
-                job.delivery.lost.set()
-                _LOGGER.warning(
-                    "job %s message %s: lease renewal refused (%s); ownership lost",
-                    job.key,
-                    job.message_id,
-                    error.error_code.name,
-                )
+                ticket.delivery.give_up("Pub/Sub refused this delivery's ack id")
+                log.warning("lease renewal refused (%s); ownership lost", error.error_code.name)
             else:
-                _LOGGER.warning(
-                    "job %s message %s: lease renewal failed: %s", job.key, job.message_id, error
-                )
+                log.warning("lease renewal failed: %s", error)
 
         future.add_done_callback(done)
 
@@ -188,3 +242,7 @@ class LeaseKeeper:
                 self.tick()
             except Exception:  # the keeper must outlive any one bad job
                 _LOGGER.exception("lease keeper pass failed")
+
+
+def _log(ticket: Ticket) -> JobLogger:
+    return job_logger(_LOGGER, ticket.key, ticket.delivery.message_id)

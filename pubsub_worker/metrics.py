@@ -50,6 +50,14 @@ class Counter(str, Enum):
     """Jobs abandoned after MAX_PROCESSING_SECONDS."""
     OUTBOX_PUBLISHED = "outbox_published"
     """Outbox messages published."""
+    OUTBOX_ERRORS = "outbox_errors"
+    """Outbox publishes that failed (the entry stays unsent and is published again)."""
+    DEFERRED = "deferred"
+    """Deliveries left to come back after a backoff (busy owner, store or failure path down)."""
+    FAILURE_PATH_ERRORS = "failure_path_errors"
+    """Attempts to send a message to the failure path that failed (it is deferred, not lost)."""
+    STALLED = "stalled"
+    """Deliveries given up after a lease without progress (Pub/Sub redelivers them)."""
 
 
 class Metrics:

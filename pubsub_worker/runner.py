@@ -17,7 +17,7 @@ from . import clients
 from .settings import Settings
 from .wrapper import ExactlyOnce, Handler, exactly_once
 
-__all__ = ["flow_control", "run"]
+__all__ = ["ReceiptScheduler", "flow_control", "run"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -26,19 +26,41 @@ _AFTER_GRACE_S = 10.0
 
 
 def flow_control(settings: Settings) -> pubsub_v1.types.FlowControl:
-    """Flow control whose lease settings follow ``LEASE_SECONDS``.
+    """Flow control for a worker: ``MAX_MESSAGES`` in flight, each extension one lease.
 
-    The client keeps a message leased on its own for one lease
-    (``max_lease_duration``); beyond that only progress renews it (the
-    lease keeper), so a crashed or stalled worker's message comes back after
-    about one lease, not the client's default of an hour.
+    The client holds a message's flow-control slot until the wrapper settles
+    it, up to the processing cap plus a lease (``max_lease_duration``), so
+    no more than ``MAX_MESSAGES`` callbacks run or wait for a thread at
+    once, and a message waiting for its turn keeps its lease. Progress is
+    enforced by the wrapper's lease keeper: a running job that shows none for
+    a lease is given up (dropped from the client's lease management) and
+    Pub/Sub redelivers it; a job past the cap is abandoned.
     """
     return pubsub_v1.types.FlowControl(
         max_messages=settings.max_messages,
-        max_lease_duration=settings.lease_seconds,
+        max_lease_duration=settings.max_processing_seconds + settings.lease_seconds,
         min_duration_per_lease_extension=settings.lease_seconds,
         max_duration_per_lease_extension=settings.lease_seconds,
     )
+
+
+class ReceiptScheduler(ThreadScheduler):  # type: ignore[misc]
+    """The client's thread scheduler, telling the wrapper when each message arrived.
+
+    A message scheduled while every thread is busy waits in the executor's
+    queue; its processing time (and the cap) counts from here, not from when
+    a thread picks it up.
+    """
+
+    def __init__(self, executor: ThreadPoolExecutor, wrapped: ExactlyOnce) -> None:
+        super().__init__(executor)
+        self._wrapped = wrapped
+
+    def schedule(self, callback: Any, *args: Any, **kwargs: Any) -> None:
+        """Note the receipt of the message, then queue its callback."""
+        if args:
+            self._wrapped.received(args[0])
+        super().schedule(callback, *args, **kwargs)
 
 
 def run(
@@ -76,7 +98,7 @@ def run(
         settings.subscription_path,
         callback=wrapped,
         flow_control=flow_control(settings),
-        scheduler=ThreadScheduler(executor),
+        scheduler=ReceiptScheduler(executor, wrapped),
         await_callbacks_on_shutdown=True,
     )
     _LOGGER.info(

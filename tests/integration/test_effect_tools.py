@@ -224,16 +224,17 @@ def test_an_error_raised_inside_the_transaction_is_the_callback_s_not_contention
     assert doc["error"].startswith("ValueError: invalid literal for int()")
 
 
-class FailingOncePublisher:
-    """Publishes for real, except that the first publish of ``fail_data`` raises."""
+class FailingPublisher:
+    """Publishes for real, except that the first ``times`` publishes of ``fail_data`` raise."""
 
-    def __init__(self, settings: pubsub_worker.Settings, fail_data: bytes) -> None:
+    def __init__(self, settings: pubsub_worker.Settings, fail_data: bytes, times: int) -> None:
         self._real = clients.publisher_client(settings)
-        self._fail_data: bytes | None = fail_data
+        self._fail_data = fail_data
+        self._times = times
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> Any:
-        if data == self._fail_data:
-            self._fail_data = None
+        if data == self._fail_data and self._times > 0:
+            self._times -= 1
             raise ServiceUnavailable("Pub/Sub did not answer")  # type: ignore[no-untyped-call]
         return self._real.publish(topic, data, **attributes)
 
@@ -247,7 +248,8 @@ def test_a_redelivery_publishes_only_the_entries_not_marked_sent(
     worker: Any,
 ) -> None:
     """Step ``first`` published and marked sent, step ``second`` committed but not
-    published (its publish failed): the next delivery publishes ``second`` only."""
+    published (its publish failed, and failed again when the job tried to complete): the
+    job is released, not completed, and the next delivery publishes ``second`` only."""
     out = make_subscription(exactly_once=False, prefix="out")
     settings = settings_for(eod_subscription, key_attribute="op")
     ran: list[str] = []
@@ -262,12 +264,14 @@ def test_a_redelivery_publishes_only_the_entries_not_marked_sent(
 
             job.step(name, produce)
 
-    failing = FailingOncePublisher(settings, fail_data=b"second")
+    failing = FailingPublisher(settings, fail_data=b"second", times=2)
     wrapped = pubsub_worker.exactly_once(handle, settings=settings, publisher=failing)
     with worker(wrapped, settings) as w:
         publisher.publish(eod_subscription.topic_path, b"attachment", op="op-1").result()
-        w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1)
-        assert w.counter(Counter.RETRIED) == 1
+        w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1, timeout_s=60)
+        assert w.counter(Counter.RETRIED) == 1  # released once, without counting an attempt
+        assert w.counter(Counter.OUTBOX_ERRORS) == 2
+        assert w.counter(Counter.OUTBOX_PUBLISHED) == 2
 
     assert ran == ["first", "second"]  # neither step ran again
     outputs = pull_all(subscriber, out.subscription_path)
@@ -275,3 +279,34 @@ def test_a_redelivery_publishes_only_the_entries_not_marked_sent(
         (b"first", "op-1:first:0"),
         (b"second", "op-1:second:0"),
     ]
+
+
+def test_an_outbox_publish_that_failed_is_sent_before_the_job_completes(
+    subscriber: Any,
+    publisher: Any,
+    eod_subscription: SubscriptionHandle,
+    make_subscription: Any,
+    settings_for: Callable[..., pubsub_worker.Settings],
+    worker: Any,
+) -> None:
+    """The handler caught the failed publish of its step; the completion publishes it first."""
+    out = make_subscription(exactly_once=False, prefix="out")
+    settings = settings_for(eod_subscription, key_attribute="op")
+    raised: list[str] = []
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        try:
+            job.step("send", lambda: job.publish(out.topic_path, b"report"))
+        except Exception as exc:  # a handler that swallows errors must not lose the entry
+            raised.append(repr(exc))
+
+    failing = FailingPublisher(settings, fail_data=b"report", times=1)
+    wrapped = pubsub_worker.exactly_once(handle, settings=settings, publisher=failing)
+    with worker(wrapped, settings) as w:
+        publisher.publish(eod_subscription.topic_path, b"attachment", op="op-2").result()
+        w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1)
+        assert (w.counter(Counter.OUTBOX_ERRORS), w.counter(Counter.RETRIED)) == (1, 0)
+
+    assert raised == []  # the step's commit stood; the publish is the library's to retry
+    outputs = pull_all(subscriber, out.subscription_path)
+    assert [(m.data, m.attributes["effect_key"]) for m in outputs] == [(b"report", "op-2:send:0")]

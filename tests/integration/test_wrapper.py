@@ -129,8 +129,8 @@ def test_an_existing_message_callback_works_unchanged(
 
 @pytest.mark.parametrize(
     "key",
-    ["a/b/../c", "..", "__name__", "x" * 2048, "ключ ✓"],
-    ids=["slashes", "dotdot", "dunder", "2KB", "unicode"],
+    ["a/b/../c", "..", "__name__", "x" * 1024, "ключ ✓"],
+    ids=["slashes", "dotdot", "dunder", "1KiB-the-longest-value-Pub-Sub-allows", "unicode"],
 )
 def test_hostile_keys_are_processed_under_their_own_hashed_document(
     publisher: Any,

@@ -156,7 +156,7 @@ def acks(worker: Worker, message_id: str) -> list[str]:
 
 def nacks(worker: Worker, message_id: str) -> int:
     """How many times the worker nacked ``message_id``."""
-    return worker.log().count(f'"message": "nack of message {message_id}"')
+    return worker.log().count(f'"message": "nack of message {message_id} (')
 
 
 def drops(worker: Worker, message_id: str) -> int:

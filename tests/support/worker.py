@@ -40,8 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pubsub_worker
-from pubsub_worker import job as job_module
-from pubsub_worker import wrapper as wrapper_module
+from pubsub_worker.hooks import Hooks
 from pubsub_worker.logs import configure
 from tests.support import gate
 
@@ -54,6 +53,7 @@ EFFECTS = _env("CHAOS_EFFECTS")
 KILL_AT = _env("CHAOS_KILL_AT")
 SCENARIO = _env("CHAOS_SCENARIO", "steps")
 SLEEP_S = float(_env("CHAOS_STEP_SLEEP_S", "0") or 0)
+HEARTBEAT = _env("CHAOS_HEARTBEAT") == "1"
 GATES = frozenset(point for point in _env("CHAOS_GATES").split(",") if point)
 
 
@@ -78,26 +78,28 @@ def maybe_die(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _patch_kill_points() -> None:
-    original_ack = wrapper_module.ExactlyOnce._ack
+class ChaosHooks(Hooks):
+    """Kill points and a log of what became of every delivery, through the library's hooks."""
 
-    def ack(self: Any, rt: Any, message: Any, log: Any) -> None:
+    def received(self, message_id: str) -> None:
+        _CHAOS_LOG.info("received message %s", message_id)
+
+    def before_publish(self, key: str, step: str, entry_id: str) -> None:
+        maybe_die("before_publish")
+
+    def after_publish(self, key: str, step: str, entry_id: str) -> None:
+        maybe_die("after_publish")
+
+    def before_ack(self, key: str | None, message_id: str) -> None:
         maybe_die("before_ack")
-        original_ack(self, rt, message, log)
 
-    wrapper_module.ExactlyOnce._ack = ack  # type: ignore[method-assign]
-
-    original_publish = job_module.Job._publish_unsent
-
-    def publish_unsent(self: Any) -> None:
-        publishing = bool(self._unsent)
-        if publishing:
-            maybe_die("before_publish")
-        original_publish(self)
-        if publishing:  # not on the call that finds nothing to publish
-            maybe_die("after_publish")
-
-    job_module.Job._publish_unsent = publish_unsent  # type: ignore[method-assign]
+    def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
+        if answer is not None:
+            _CHAOS_LOG.info("ack of message %s: %s", message_id, answer)
+        elif outcome == "drop":
+            _CHAOS_LOG.info("drop of message %s", message_id)
+        else:
+            _CHAOS_LOG.info("nack of message %s (%s)", message_id, outcome)
 
 
 def _step(job: pubsub_worker.Job, name: str) -> str:
@@ -109,6 +111,8 @@ def _step(job: pubsub_worker.Job, name: str) -> str:
             deadline = time.monotonic() + SLEEP_S
             while time.monotonic() < deadline:
                 time.sleep(0.2)
+                if HEARTBEAT:
+                    job.heartbeat()
         effect(name, job.key, job.epoch)
         return f"{name}-done"
 
@@ -210,55 +214,11 @@ HANDLERS: dict[str, Callable[..., None]] = {
 def main() -> int:
     configure("json", logging.INFO)
     logging.getLogger("google").setLevel(logging.WARNING)
-    _patch_kill_points()
-    _log_deliveries()
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)
-    return pubsub_worker.run(HANDLERS[SCENARIO], **_store_options())
-
-
-def _log_deliveries() -> None:
-    """Log every delivery and what became of it, so a test can tell who got and acked what."""
-    original_call = wrapper_module.ExactlyOnce.__call__
-
-    def call(self: Any, message: Any) -> None:
-        _CHAOS_LOG.info("received message %s", message.message_id)
-        original_call(self, _Observed(message))
-
-    wrapper_module.ExactlyOnce.__call__ = call  # type: ignore[method-assign]
+    return pubsub_worker.run(HANDLERS[SCENARIO], hooks=ChaosHooks(), **_store_options())
 
 
 _CHAOS_LOG = logging.getLogger("chaos")
-
-
-class _Observed:
-    """A Pub/Sub message whose ack (with the service's answer), nack and drop are logged."""
-
-    def __init__(self, message: Any) -> None:
-        self._message = message
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._message, name)
-
-    def ack_with_response(self) -> Any:
-        message_id = self._message.message_id
-        future = self._message.ack_with_response()
-
-        def answered(done: Any) -> None:
-            error = done.exception()
-            code = getattr(error, "error_code", None)
-            outcome = "SUCCESS" if error is None else getattr(code, "name", repr(error))
-            _CHAOS_LOG.info("ack of message %s: %s", message_id, outcome)
-
-        future.add_done_callback(answered)
-        return future
-
-    def nack(self) -> None:
-        _CHAOS_LOG.info("nack of message %s", self._message.message_id)
-        self._message.nack()
-
-    def drop(self) -> None:
-        _CHAOS_LOG.info("drop of message %s", self._message.message_id)
-        self._message.drop()
 
 
 def _store_options() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The lease keeper: renew only with progress, abandon past the cap, lose on INVALID_ACK_ID."""
+"""The lease keeper: watch from receipt, renew running jobs only with progress, give up stalls."""
 
 from __future__ import annotations
 
@@ -10,23 +10,22 @@ from typing import Any
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
 from pubsub_worker.deliveries import Delivery
-from pubsub_worker.lease import LeaseKeeper
+from pubsub_worker.lease import LeaseKeeper, Ticket
 from pubsub_worker.metrics import Counter, Metrics
+
+T0 = 1000.0  # a monotonic instant; every test passes its clock to tick()
 
 
 class FakeJob:
     def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.last_progress = self.started
+        self.last_progress = T0
         self.abandoned = threading.Event()
-        self.delivery = Delivery("m1", "ack-1", 1, "d1")
-        self.key = "k"
-        self.message_id = "m1"
 
 
 class FakeMessage:
     def __init__(self, outcome: BaseException | None = None) -> None:
         self.renewals: list[int] = []
+        self.dropped = 0
         self.outcome = outcome
 
     def modify_ack_deadline_with_response(self, seconds: int) -> Future[Any]:
@@ -38,26 +37,46 @@ class FakeMessage:
             future.set_exception(self.outcome)
         return future
 
+    def drop(self) -> None:
+        self.dropped += 1
+
 
 def keeper(lease_s: float = 10, cap_s: float = 100) -> tuple[LeaseKeeper, Metrics]:
     metrics = Metrics()
     return LeaseKeeper(lease_s=lease_s, max_processing_s=cap_s, metrics=metrics), metrics
 
 
-def age(job: FakeJob, entry_keeper: LeaseKeeper, seconds: float) -> None:
-    """Pretend ``seconds`` passed since the job started and since its last renewal."""
-    job.started -= seconds
-    job.last_progress -= seconds
-    for entry in entry_keeper._entries.values():
-        entry.last_renewal -= seconds
+def watched(
+    k: LeaseKeeper, message: FakeMessage, job: FakeJob | None = None
+) -> tuple[Ticket, Delivery]:
+    delivery = Delivery("m1", "ack-1", 1, "d1")
+    ticket = k.watch(message, delivery, received_at=T0, published_at=time.time(), key="k")
+    if job is not None:
+        k.attach(ticket, job, "k")
+        ticket.attached_at = T0  # as if claimed at once
+    return ticket, delivery
 
 
-def test_no_renewal_without_progress() -> None:
-    k, metrics = keeper()
+def test_a_waiting_message_is_renewed_every_half_lease_without_progress() -> None:
+    """Waiting for a thread, the key gate or a busy owner is the worker's doing, not a stall."""
+    k, metrics = keeper(lease_s=10)
+    message = FakeMessage()
+    watched(k, message)
+    k.tick(T0 + 4)
+    assert message.renewals == []
+    k.tick(T0 + 5)
+    k.tick(T0 + 9)
+    k.tick(T0 + 10)
+    assert message.renewals == [10, 10]
+    assert message.dropped == 0
+    assert metrics.get(Counter.RENEWALS) == 2
+
+
+def test_no_renewal_of_a_running_job_without_progress() -> None:
+    k, metrics = keeper(lease_s=10)
     job, message = FakeJob(), FakeMessage()
-    k.track(job, message, time.time())
-    age(job, k, 6)  # past half a lease, but no progress since the track
-    k.tick()
+    watched(k, message, job)
+    k.tick(T0 + 6)  # past half a lease, but no progress since the claim
     assert message.renewals == []
     assert metrics.get(Counter.RENEWALS) == 0
 
@@ -65,34 +84,61 @@ def test_no_renewal_without_progress() -> None:
 def test_progress_after_half_a_lease_renews_for_one_lease() -> None:
     k, metrics = keeper(lease_s=10)
     job, message = FakeJob(), FakeMessage()
-    k.track(job, message, time.time())
-    age(job, k, 6)
-    job.last_progress = time.monotonic()  # a step finished
-    k.tick()
-    k.tick()  # no new progress: no second renewal
+    watched(k, message, job)
+    job.last_progress = T0 + 5.5  # a step finished
+    k.tick(T0 + 6)
+    k.tick(T0 + 7)  # no new progress: no second renewal
     assert message.renewals == [10]
     assert metrics.get(Counter.RENEWALS) == 1
+
+
+def test_steady_heartbeats_keep_a_job_for_many_leases() -> None:
+    """A job that reports progress keeps its delivery however long it runs, up to the cap."""
+    k, _ = keeper(lease_s=10, cap_s=100)
+    job, message = FakeJob(), FakeMessage()
+    _, delivery = watched(k, message, job)
+    for second in range(1, 95):
+        job.last_progress = T0 + second - 0.5
+        k.tick(T0 + second)
+    assert len(message.renewals) == 94 // 5
+    assert not delivery.lost.is_set()
+    assert message.dropped == 0
+    assert not job.abandoned.is_set()
 
 
 def test_progress_before_half_a_lease_waits() -> None:
     k, _ = keeper(lease_s=10)
     job, message = FakeJob(), FakeMessage()
-    k.track(job, message, time.time())
-    age(job, k, 2)
-    job.last_progress = time.monotonic()
-    k.tick()
+    watched(k, message, job)
+    job.last_progress = T0 + 1.5
+    k.tick(T0 + 2)
     assert message.renewals == []
+
+
+def test_a_job_without_progress_for_a_lease_is_given_up() -> None:
+    k, metrics = keeper(lease_s=10)
+    job, message = FakeJob(), FakeMessage()
+    _, delivery = watched(k, message, job)
+    k.tick(T0 + 9.9)
+    assert message.dropped == 0
+    k.tick(T0 + 10)
+    assert delivery.lost.is_set()
+    assert "no progress" in delivery.lost_why
+    assert message.dropped == 1
+    assert metrics.get(Counter.STALLED) == 1
+    k.tick(T0 + 20)  # given up once
+    assert message.dropped == 1
 
 
 def test_invalid_ack_id_on_renewal_marks_the_delivery_lost() -> None:
     k, metrics = keeper()
     job = FakeJob()
     message = FakeMessage(AcknowledgeError(AcknowledgeStatus.INVALID_ACK_ID, "gone"))
-    k.track(job, message, time.time())
-    age(job, k, 6)
-    job.last_progress = time.monotonic()
-    k.tick()
-    assert job.delivery.lost.is_set()
+    _, delivery = watched(k, message, job)
+    job.last_progress = T0 + 5.5
+    k.tick(T0 + 6)
+    assert delivery.lost.is_set()
+    assert delivery.lost_why == "Pub/Sub refused this delivery's ack id"
     assert metrics.get(Counter.RENEWAL_FAILURES) == 1
 
 
@@ -100,34 +146,51 @@ def test_other_renewal_errors_do_not_lose_ownership() -> None:
     k, metrics = keeper()
     job = FakeJob()
     message = FakeMessage(AcknowledgeError(AcknowledgeStatus.OTHER, "transient"))
-    k.track(job, message, time.time())
-    age(job, k, 6)
-    job.last_progress = time.monotonic()
-    k.tick()
-    assert not job.delivery.lost.is_set()
+    _, delivery = watched(k, message, job)
+    job.last_progress = T0 + 5.5
+    k.tick(T0 + 6)
+    assert not delivery.lost.is_set()
     assert metrics.get(Counter.RENEWAL_FAILURES) == 1
 
 
-def test_a_job_past_the_cap_is_abandoned_and_no_longer_renewed() -> None:
+def test_the_cap_counts_from_receipt() -> None:
+    """Time spent waiting before the claim counts towards MAX_PROCESSING_SECONDS."""
     k, metrics = keeper(lease_s=10, cap_s=30)
     job, message = FakeJob(), FakeMessage()
-    k.track(job, message, time.time())
-    age(job, k, 31)
-    job.last_progress = time.monotonic()
-    k.tick()
+    watched(k, message)
+    k.tick(T0 + 25)  # waited 25 s for a thread
+    ticket = next(iter(k._tickets))
+    k.attach(ticket, job, "k")
+    job.last_progress = T0 + 30.5
+    k.tick(T0 + 31)
     assert job.abandoned.is_set()
-    assert message.renewals == []
+    assert message.dropped == 1
     assert metrics.get(Counter.ABANDONED) == 1
+    renewals = len(message.renewals)
+    k.tick(T0 + 40)
+    assert len(message.renewals) == renewals  # no longer renewed
 
 
-def test_gauges_follow_the_jobs_in_flight() -> None:
+def test_a_job_claimed_after_the_cap_is_abandoned_at_once() -> None:
+    k, _ = keeper(lease_s=10, cap_s=30)
+    job, message = FakeJob(), FakeMessage()
+    delivery = Delivery("m1", "ack-1", 1, "d1")
+    ticket = k.watch(message, delivery, received_at=time.monotonic() - 31, published_at=time.time())
+    k.attach(ticket, job, "k")
+    assert job.abandoned.is_set()
+
+
+def test_gauges_follow_the_messages_in_hand() -> None:
     k, _ = keeper()
     job = FakeJob()
-    k.track(job, FakeMessage(), time.time() - 42)
+    delivery = Delivery("m1", "ack-1", 1, "d1")
+    ticket = k.watch(FakeMessage(), delivery, received_at=T0, published_at=time.time() - 42)
+    assert (k.watched(), k.in_flight()) == (1, 0)
+    k.attach(ticket, job, "k")
     assert k.in_flight() == 1
     assert 41 <= k.oldest_age_s() <= 44
-    k.untrack(job)
-    assert (k.in_flight(), k.oldest_age_s()) == (0, 0.0)
+    k.forget(ticket)
+    assert (k.in_flight(), k.watched(), k.oldest_age_s()) == (0, 0, 0.0)
 
 
 def test_start_and_stop_are_idempotent() -> None:

@@ -1,0 +1,186 @@
+"""Fenced writes of one job document, and the Firestore lease they carry.
+
+:class:`FencedDocument` is the owner's handle on its job document. Every
+write is an update conditioned on the version our previous write returned
+(:mod:`pubsub_worker.store`): any other writer, a new owner's claim or a
+replay included, moves the version, so a stale owner's write fails. A write
+that conflicts is settled by reading the document: still ours (same epoch,
+delivery, running) means our own earlier write landed without its reply,
+and the write is sent again on the new version; anything else is
+:class:`~pubsub_worker.errors.LostOwnership`.
+
+**The Firestore lease.** The claim stores ``lease_seconds``; every fenced
+write renews the lease because it moves the document's update time, and a
+job is live while ``update_time + lease_seconds`` is ahead of the reader's
+server read time (:mod:`pubsub_worker.claim`). ``lease_expires_at`` is
+written too, from this worker's clock, for humans only. The lease is
+renewed by step commits and by heartbeats, at most every third of a lease.
+
+Records are staged (``stage``) and committed with the next write, so a
+step's record can ride along with the next step's commit or the completion.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from . import store as s
+from .claim import now_utc
+from .errors import LostOwnership, StoreError, VersionConflict
+from .store import JobRecord, JobStore, Status, TransactionalStore, Version
+
+__all__ = ["FencedDocument"]
+
+T = TypeVar("T")
+
+_WRITE_ROUNDS = 3
+
+
+class FencedDocument:
+    """The owner's conditional writes to one job document. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        doc_id: str,
+        epoch: int,
+        delivery: str,
+        version: Version,
+        lease_s: float,
+        on_lost: Callable[[str], LostOwnership],
+    ) -> None:
+        self._store = store
+        self._doc_id = doc_id
+        self._epoch = epoch
+        self._delivery = delivery
+        self._lease_s = lease_s
+        self._on_lost = on_lost
+        self._lock = threading.RLock()  # guards _version, _pending, _last_write
+        self._version: Version | None = version
+        self._pending: dict[tuple[str, ...], Any] = {}
+        self._last_write = time.monotonic()
+
+    @property
+    def lease_s(self) -> float:
+        """The lease length of this claim, in seconds."""
+        return self._lease_s
+
+    def stage(self, changes: Mapping[tuple[str, ...], Any]) -> None:
+        """Keep ``changes`` for the next write."""
+        with self._lock:
+            self._pending.update(changes)
+
+    def unstage(self, prefix: tuple[str, ...]) -> None:
+        """Forget staged changes under ``prefix`` (a record that cannot be written)."""
+        with self._lock:
+            for path in [p for p in self._pending if p[: len(prefix)] == prefix]:
+                del self._pending[path]
+
+    def staged(self, prefix: tuple[str, ...]) -> bool:
+        """Whether a change under ``prefix`` waits for the next write."""
+        with self._lock:
+            return any(path[: len(prefix)] == prefix for path in self._pending)
+
+    def lease_due(self) -> bool:
+        """A third of a lease passed since our last write: a heartbeat should write."""
+        return time.monotonic() - self._last_write > self._lease_s / 3
+
+    def lease_changes(self) -> dict[tuple[str, ...], Any]:
+        """The human-readable lease and ``updated_at`` (the update time is the real lease)."""
+        now = now_utc()
+        return {
+            (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=self._lease_s),
+            (s.UPDATED_AT,): now,
+        }
+
+    def write(self, changes: Mapping[tuple[str, ...], Any] | None = None) -> None:
+        """Commit staged records plus ``changes``, conditioned on our last version.
+
+        Raises :class:`LostOwnership` when another writer owns the document
+        now, :class:`~pubsub_worker.errors.StoreError` when the store fails.
+        """
+        with self._lock:
+            merged = dict(self._pending)
+            merged.update(self.lease_changes())
+            merged.update(changes or {})
+            for _ in range(_WRITE_ROUNDS):
+                expected = self._version if self._version is not None else self.resettle()
+                try:
+                    self._version = self._store.update(self._doc_id, merged, expected=expected)
+                except VersionConflict:
+                    self._version = None  # settle by reading: still ours, or lost
+                    continue
+                self._pending.clear()
+                self._last_write = time.monotonic()
+                return
+            raise self._on_lost("the job document kept changing under this owner")
+
+    def transact(
+        self,
+        body: Callable[[Any], T],
+        changes: Callable[[Any], Mapping[tuple[str, ...], Any]],
+        adopt: Callable[[JobRecord], bool],
+    ) -> tuple[T | None, JobRecord | None]:
+        """Run ``body`` in a transaction that also writes staged records plus ``changes(result)``.
+
+        Returns ``(result, None)`` when the transaction committed. When it
+        conflicted and a fresh read shows the commit landed anyway (a lost
+        reply: ``adopt(record)`` is true), returns ``(None, record)``. Raises
+        :class:`LostOwnership` when another owner wrote.
+        """
+        store = self._store
+        if not isinstance(store, TransactionalStore):
+            raise StoreError(f"{type(store).__name__} cannot run transactional steps")
+
+        def all_changes(result: Any) -> dict[tuple[str, ...], Any]:
+            with self._lock:
+                merged = dict(self._pending)
+            merged.update(changes(result))
+            merged.update(self.lease_changes())
+            return merged
+
+        with self._lock:
+            for _ in range(_WRITE_ROUNDS):
+                expected = self._version if self._version is not None else self.resettle()
+                try:
+                    result, version = store.transact(
+                        self._doc_id, expected=expected, body=body, changes=all_changes
+                    )
+                except VersionConflict:
+                    # A new owner (lost), or our own commit whose reply was lost.
+                    record, self._version = self.read_own()
+                    if adopt(record):
+                        self._pending.clear()
+                        self._last_write = time.monotonic()
+                        return None, record
+                    continue
+                self._version = version
+                self._pending.clear()
+                self._last_write = time.monotonic()
+                return result, None
+            raise self._on_lost("the transactional step kept conflicting with another writer")
+
+    def resettle(self) -> Version:
+        """Read the job: if it is still ours, its version; else :class:`LostOwnership`."""
+        return self.read_own()[1]
+
+    def read_own(self) -> tuple[JobRecord, Version]:
+        """The job as read, with its version, if it is still ours; else :class:`LostOwnership`."""
+        snap = self._store.get(self._doc_id)
+        if snap is None:
+            raise self._on_lost("the job document is gone")
+        record = JobRecord.parse(snap.fields)
+        if (
+            record.epoch != self._epoch
+            or record.status is not Status.RUNNING
+            or record.delivery != self._delivery
+        ):
+            raise self._on_lost(
+                f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})"
+            )
+        return record, snap.version

@@ -1,0 +1,264 @@
+"""One delivery, from receipt to its outcome: key, gate, claim, handler, conclusion.
+
+Every way a delivery can end goes through :meth:`DeliveryFlow.conclude`,
+once: :func:`~pubsub_worker.outcome.decide` picks the outcome from what
+happened, :meth:`DeliveryFlow.carry_out` makes the write it needs (complete,
+release, fail) and decides again if that write fails, and
+:func:`~pubsub_worker.outcome.settle` acks, nacks, defers or drops. The ack
+is always the last thing done, after the job's record is durable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from google.cloud.pubsub_v1.subscriber.message import Message
+
+from .claim import ClaimKind, ClaimRequest, claim
+from .deliveries import Delivery
+from .errors import ConfigError, LostOwnership
+from .job import Job
+from .keys import JobIdentity, derive_identity
+from .lease import Ticket
+from .logs import JobLogger, job_logger
+from .metrics import Counter
+from .outcome import Decision, Happened, Outcome, Phase, decide, settle
+from .runtime import Runtime
+from .tracing import span
+
+__all__ = ["BUSY_WAIT_S", "DeliveryFlow", "RunHandler"]
+
+_LOGGER = logging.getLogger("pubsub_worker")
+
+BUSY_WAIT_S = 10.0
+"""How long a delivery polls another owner's live lease before it defers."""
+
+RunHandler = Callable[[Message, Job, Callable[[Happened], Decision]], None]
+"""Runs the user's handler for a claimed job; concludes the delivery through the callable."""
+
+_WRITE_PHASE = {
+    Outcome.COMPLETE: Phase.COMPLETE,
+    Outcome.RETRY: Phase.RELEASE,
+    Outcome.RELEASE: Phase.RELEASE,
+    Outcome.REVIEW: Phase.REVIEW,
+}
+_ACKING = (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW)
+
+
+class DeliveryFlow:
+    """One delivery, from receipt to its outcome. Used by one callback thread."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        message: Message,
+        delivery: Delivery,
+        ticket: Ticket,
+        log: JobLogger,
+        run_handler: RunHandler,
+    ) -> None:
+        self._run_handler = run_handler
+        self._rt = rt
+        self._message = message
+        self._delivery = delivery
+        self._ticket = ticket
+        self._log = log
+        self._identity: JobIdentity | None = None
+        self._job: Job | None = None
+        self.decision: Decision | None = None
+
+    def run(self, seen: bool) -> None:
+        rt, message = self._rt, self._message
+        settings = rt.settings
+        if not message.exactly_once_enabled and not settings.allow_at_least_once:
+            error = ConfigError("the subscription has no exactly-once delivery")
+            self.conclude(Happened(Phase.RECEIPT, error=error))
+            return
+        try:
+            identity = derive_identity(
+                subscription=settings.subscription_path,
+                message_id=message.message_id,
+                attributes=message.attributes,
+                data=message.data,
+                key_attribute=settings.key_attribute,
+            )
+        except Exception as exc:  # noqa: BLE001 - InvalidMessage, or a malformed message
+            self.conclude(Happened(Phase.RECEIPT, error=exc))
+            return
+        self._identity = identity
+        self._log = job_logger(_LOGGER, identity.key, message.message_id)
+        self._ticket.key = identity.key
+        if not rt.gate.acquire(identity.doc_id, self._delivery, timeout_s=settings.lease_seconds):
+            self.conclude(Happened(Phase.GATE))
+            return
+        try:
+            self._claim_and_run(identity, seen)
+        finally:
+            rt.gate.release(identity.doc_id, self._delivery)
+
+    def _claim_and_run(self, identity: JobIdentity, seen: bool) -> None:
+        rt, message, settings = self._rt, self._message, self._rt.settings
+        request = ClaimRequest(
+            identity=identity,
+            owner=rt.owner,
+            message_id=message.message_id,
+            delivery=self._delivery.digest,
+            lease_s=settings.lease_seconds,
+            retention_s=settings.retention_days * 86400.0,
+            superseded=rt.tracker.superseded,
+        )
+        redelivery = seen or (message.delivery_attempt or 1) > 1
+        give_up = time.monotonic() + min(BUSY_WAIT_S, settings.lease_seconds)
+        try:
+            while True:
+                if not rt.tracker.is_current(self._delivery):
+                    self.conclude(Happened(Phase.CLAIM))
+                    return
+                result = claim(rt.store, request, exists_hint=redelivery)
+                redelivery = True
+                if result.kind is not ClaimKind.BUSY:
+                    break
+                wait_s = result.busy_for_s
+                if time.monotonic() + min(wait_s, 1.0) >= give_up or rt.context.stopping.is_set():
+                    rt.metrics.inc(Counter.BUSY)
+                    self.conclude(Happened(Phase.CLAIM, claim=ClaimKind.BUSY, busy_for_s=wait_s))
+                    return
+                time.sleep(min(max(wait_s, 0.05), 1.0))
+        except Exception as exc:  # noqa: BLE001 - StoreError or worse: the message comes back
+            self.conclude(Happened(Phase.CLAIM, error=exc))
+            return
+        if result.kind is not ClaimKind.CLAIMED:
+            self.conclude(Happened(Phase.CLAIM, claim=result.kind))
+            return
+        assert result.record is not None
+        assert result.version is not None
+        job = Job(
+            identity=identity,
+            delivery=self._delivery,
+            record=result.record,
+            version=result.version,
+            context=rt.context,
+            log=self._log,
+        )
+        self._job = job
+        rt.keeper.attach(self._ticket, job, identity.key)
+        attributes = {
+            "messaging.message.id": message.message_id,
+            "pubsub_worker.epoch": job.epoch,
+        }
+        with span("pubsub_worker.job", **attributes):
+            try:
+                job.publish_unsent()  # earlier owners' entries go out before anything else
+            except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
+                self.conclude(Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED))
+                return
+            first = decide(
+                Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
+                attempts=job.attempt,
+                max_attempts=settings.max_attempts,
+            )
+            if first.outcome is not Outcome.RUN:
+                self.carry_out(first)
+                return
+            self._run_handler(message, job, self.conclude)
+
+    def conclude(self, happened: Happened) -> Decision:
+        """Decide the outcome of what happened and carry it out; the first call wins."""
+        if self.decision is not None:
+            return self.decision
+        job = self._job
+        if happened.phase is Phase.RUN and job is not None and job.stop_error is not None:
+            happened = dataclasses.replace(happened, error=job.stop_error)
+        happened = dataclasses.replace(
+            happened, current=self._rt.tracker.is_current(self._delivery)
+        )
+        attempts = job.attempt if job is not None else 0
+        return self.carry_out(
+            decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts)
+        )
+
+    def carry_out(self, decision: Decision) -> Decision:
+        """Make the write ``decision`` needs (deciding again if it fails), then settle."""
+        rt = self._rt
+        attempts = self._job.attempt if self._job is not None else 0
+        for _ in range(len(_WRITE_PHASE)):
+            try:
+                self._write(decision)
+                break
+            except Exception as exc:  # noqa: BLE001 - a failed write is an event like any other
+                if decision.outcome is Outcome.REVIEW:
+                    rt.metrics.inc(Counter.FAILURE_PATH_ERRORS)
+                    self._log.error("failure path failed; the message comes back: %s", exc)
+                phase = _WRITE_PHASE[decision.outcome]
+                current = rt.tracker.is_current(self._delivery)
+                decision = decide(
+                    Happened(phase, error=exc, current=current),
+                    attempts=attempts,
+                    max_attempts=rt.settings.max_attempts,
+                )
+        self.decision = decision
+        self._count(decision)
+        key = self._identity.key if self._identity is not None else None
+        answer: list[str] = []
+        if decision.outcome in _ACKING:
+            rt.hooks.before_ack(key, self._message.message_id)
+        settle(
+            decision,
+            self._message,
+            metrics=rt.metrics,
+            log=self._log,
+            ack_timeout_s=rt.settings.ack_timeout_seconds,
+            on_ack=answer.append,
+        )
+        rt.hooks.settled(self._message.message_id, decision.outcome.value, next(iter(answer), None))
+        return decision
+
+    def _write(self, decision: Decision) -> None:
+        job, outcome = self._job, decision.outcome
+        if outcome not in _WRITE_PHASE:
+            return
+        if outcome is Outcome.REVIEW:
+            message = self._message
+            self._rt.failure.send(
+                message_id=message.message_id,
+                data=message.data,
+                attributes=message.attributes,
+                key=self._identity.key if self._identity is not None else None,
+                reason=decision.reason or "error",
+                error=decision.error or decision.why,
+                job=job,
+            )
+            return
+        if job is None:
+            raise LostOwnership("no job was claimed")  # cannot happen: decide needs a claim
+        if outcome is Outcome.COMPLETE:
+            job.complete()
+        else:
+            job.release(decision.error, count_attempt=outcome is Outcome.RETRY)
+
+    def _count(self, decision: Decision) -> None:
+        metrics, log, job = self._rt.metrics, self._log, self._job
+        outcome = decision.outcome
+        if outcome is Outcome.COMPLETE:
+            metrics.inc(Counter.COMPLETED)
+            assert job is not None
+            log.info("completed (attempt %d, epoch %d)", job.attempt, job.epoch)
+        elif outcome is Outcome.ACK:
+            metrics.inc(Counter.ALREADY_DONE)
+            log.info("%s; acked without running", decision.why)
+        elif outcome is Outcome.RETRY:
+            metrics.inc(Counter.RETRIED)
+            log.warning("%s", decision.why)
+        elif outcome in (Outcome.NACK, Outcome.DROP):
+            metrics.inc(Counter.LOST_OWNERSHIP)
+            stale = "nacked for redelivery" if outcome is Outcome.NACK else "stale, dropped"
+            log.info("%s; %s without ack", decision.why, stale)
+        elif outcome is Outcome.DEFER:
+            metrics.inc(Counter.DEFERRED)
+            log.warning("%s; the message comes back in %.0f s", decision.why, decision.delay_s)
+        elif outcome is Outcome.RELEASE:
+            metrics.inc(Counter.RETRIED)
+            log.info("%s; released for another delivery", decision.why)

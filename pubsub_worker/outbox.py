@@ -1,0 +1,132 @@
+"""The outbox: messages a step publishes, committed with the step and published after it.
+
+Pure functions: an entry's id, its effect key and its stamped attributes.
+An entry is written to the job document in its step's commit with
+``sent: false``, published after the commit with the effect key
+``{key}:{step}:{n}`` in ``OUTBOX_KEY_ATTRIBUTE`` and the step name in
+``pubsub_worker_step``, and marked sent in the job's next write. A consumer
+keyed on the effect key drops a republished copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import store as s
+from .errors import LimitExceeded
+from .limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
+from .store import OutboxEntry
+
+__all__ = [
+    "LIBRARY_ATTRIBUTE_PREFIX",
+    "MAX_OUTBOX_DATA_BYTES",
+    "STEP_ATTRIBUTE",
+    "Outgoing",
+    "effect_key",
+    "entry_changes",
+    "escape",
+    "reserved_attribute",
+]
+
+LIBRARY_ATTRIBUTE_PREFIX = "pubsub_worker_"
+"""Attributes the library itself sets start with this; users may not set them."""
+STEP_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "step"
+MAX_OUTBOX_DATA_BYTES = 256 * 1024
+"""An outbox message is stored in the job document: its data is kept small."""
+
+
+def escape(part: str) -> str:
+    """``%`` and ``:`` percent-encoded, so ``key:step`` joins are unambiguous.
+
+    Keys and step names without those characters are unchanged; with them,
+    key ``a:b`` + step ``c`` and key ``a`` + step ``b:c`` no longer meet.
+    """
+    return part.replace("%", "%25").replace(":", "%3A")
+
+
+def reserved_attribute(name: str, outbox_key_attribute: str) -> bool:
+    """Whether ``name`` is set by the library on the messages it publishes."""
+    return name == outbox_key_attribute or name.startswith(LIBRARY_ATTRIBUTE_PREFIX)
+
+
+def effect_key(key: str, step: str, index: int) -> str:
+    """``{key}:{step}:{index}``, escaped; hashed when it would not fit an attribute value."""
+    text = f"{escape(key)}:{escape(step)}:{index}"
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_ATTRIBUTE_VALUE_BYTES:
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+    return text
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message a step asked to publish, before it is committed."""
+
+    topic: str
+    data: bytes
+    attributes: dict[str, str]
+
+
+def check_outgoing(outgoing: Outgoing, outbox_key_attribute: str) -> None:
+    """Raise :class:`LimitExceeded` if the message cannot be published as asked.
+
+    Checked when ``job.publish()`` is called, so the mistake surfaces in the
+    step that made it, with the stamped attributes counted against Pub/Sub's
+    limits (a limit error after the commit would leave an entry that can
+    never be sent).
+    """
+    if len(outgoing.data) > MAX_OUTBOX_DATA_BYTES:
+        raise LimitExceeded(
+            f"outbox messages are limited to {MAX_OUTBOX_DATA_BYTES} bytes of data "
+            f"(got {len(outgoing.data)}): they are stored in the job document"
+        )
+    taken = sorted(a for a in outgoing.attributes if reserved_attribute(a, outbox_key_attribute))
+    if taken:
+        raise LimitExceeded(
+            f"attribute(s) {', '.join(map(repr, taken))} are set by pubsub-worker on outbox "
+            f"messages ({outbox_key_attribute!r} and {LIBRARY_ATTRIBUTE_PREFIX}*); rename them"
+        )
+    stamped = {**outgoing.attributes, outbox_key_attribute: "x", STEP_ATTRIBUTE: "x"}
+    check_message(outgoing.data, stamped)
+
+
+def entry_changes(
+    key: str, step: str, outgoing: list[Outgoing], outbox_key_attribute: str
+) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
+    """The job-document writes of a step's outbox entries, and the entries themselves."""
+    changes: dict[tuple[str, ...], Any] = {}
+    entries: list[OutboxEntry] = []
+    for index, message in enumerate(outgoing):
+        entry_id = hashlib.sha256(f"{step}\0{index}".encode("utf-8", "surrogatepass")).hexdigest()
+        entry_id = entry_id[:32]
+        effect = effect_key(key, step, index)
+        stamped = {
+            **message.attributes,
+            outbox_key_attribute: effect,
+            STEP_ATTRIBUTE: _clip(step),
+        }
+        changes[(s.OUTBOX, entry_id)] = {
+            "topic": message.topic,
+            "data": message.data,
+            "attributes": stamped,
+            "step": step,
+            "effect_key": effect,
+            "sent": False,
+        }
+        entries.append(OutboxEntry(entry_id, message.topic, message.data, stamped, step, False))
+    return changes, entries
+
+
+def unsent(outbox: Mapping[str, OutboxEntry]) -> list[OutboxEntry]:
+    """Entries committed but not marked sent, in a stable order."""
+    return [entry for entry in outbox.values() if not entry.sent]
+
+
+def _clip(text: str) -> str:
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_ATTRIBUTE_VALUE_BYTES:
+        return text
+    return raw[:MAX_ATTRIBUTE_VALUE_BYTES].decode("utf-8", "ignore")

@@ -1,0 +1,327 @@
+"""The outcome of a delivery: decided by one pure function, carried out by one other.
+
+What happens to a message is an :class:`Outcome`. :func:`decide` maps what
+happened (the phase a delivery reached, and the exception that ended it, if
+any) plus the job's record and the settings to a :class:`Decision`; it does
+no I/O. The wrapper performs the store write an outcome needs (complete,
+release, fail) and, if that write itself fails, decides again from the new
+event; :func:`settle` is then the only code in the library that acks, nacks,
+defers or drops a Pub/Sub message.
+
+::
+
+    phase      what happened                         outcome
+    receipt    worker cannot start / no EOD          DEFER (backoff)
+               key attribute missing                 REVIEW
+    gate       key busy in this process too long     DEFER
+    claim      completed / failed already            ACK
+               payload conflict                      REVIEW
+               another owner's live lease            DEFER (until it ends)
+               store unavailable                     DEFER (backoff)
+               claimed, attempts left                RUN
+               claimed, MAX_ATTEMPTS reached         REVIEW
+    run        returned                              COMPLETE
+               PermanentError (too large, limits)    REVIEW
+               ShuttingDown                          RELEASE
+               LostOwnership                         NACK if current else DROP
+               ProcessingTimeout, error, StoreError  RETRY, or REVIEW at MAX_ATTEMPTS
+    complete   outbox entry not sent                 RELEASE (backoff)
+    any write  LostOwnership                         NACK if current else DROP
+               anything else                         DEFER (backoff)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
+
+from .claim import ClaimKind
+from .errors import (
+    DocumentTooLarge,
+    InvalidMessage,
+    LimitExceeded,
+    LostOwnership,
+    OutboxUnsent,
+    PermanentError,
+    ProcessingTimeout,
+    ShuttingDown,
+)
+from .lease import LOST_STATUSES
+from .metrics import Counter, Metrics
+
+__all__ = [
+    "LOST_STATUSES",
+    "Decision",
+    "Happened",
+    "Outcome",
+    "Phase",
+    "Reason",
+    "backoff_s",
+    "decide",
+    "settle",
+]
+
+_LOGGER = logging.getLogger("pubsub_worker")
+
+MIN_DEFER_S = 10
+MAX_DEFER_S = 600
+"""Pub/Sub's ack deadline range: a deferred message comes back within these bounds."""
+
+
+class Outcome(str, Enum):
+    """What happens to one delivery. The first four write the job first; the rest only Pub/Sub."""
+
+    RUN = "run"
+    """The delivery owns the job at a new epoch: run the handler (not final)."""
+    COMPLETE = "complete"
+    """The handler returned: publish unsent outbox entries, commit the completion, then ack."""
+    RETRY = "retry"
+    """The attempt failed: release the job, counting the attempt, and nack for a redelivery."""
+    RELEASE = "release"
+    """Not the job's fault (shutdown, an outbox entry not sent yet): release without counting
+    the attempt; nack (after ``delay_s``)."""
+    REVIEW = "review"
+    """The reviewed failure path: publish for review, record ``failed``, then ack."""
+    ACK = "ack"
+    """The job's record is final already (completed, or failed and reviewed): ack only."""
+    NACK = "nack"
+    """Nothing to write and this delivery is still current: nack so the redelivery comes now."""
+    DEFER = "defer"
+    """Nothing can be written now: leave the message unacked and let it come back after
+    ``delay_s`` (its ack deadline is set to the delay, then it is dropped from lease
+    management): a backoff, never a hot loop."""
+    DROP = "drop"
+    """This delivery is stale (a newer one exists, or Pub/Sub refused its ack id): stop
+    leasing it and never ack; the current delivery owns the message."""
+
+
+class Phase(str, Enum):
+    """How far a delivery got."""
+
+    RECEIPT = "receipt"
+    GATE = "gate"
+    CLAIM = "claim"
+    RUN = "run"
+    COMPLETE = "complete"
+    RELEASE = "release"
+    REVIEW = "review"
+
+
+class Reason:
+    """Why a message went to the failure path (the ``reason`` field and attribute)."""
+
+    ATTEMPTS = "attempts"
+    """It failed ``MAX_ATTEMPTS`` times."""
+    PERMANENT = "permanent"
+    """User code raised ``PermanentError``."""
+    TOO_LARGE = "too_large"
+    """A step's result or an outbox entry would not fit in the job document."""
+    LIMITS = "limits"
+    """A message the job would publish breaks Pub/Sub's limits."""
+    MISSING_KEY = "missing_key"
+    """The configured key attribute was missing or empty."""
+    PAYLOAD_CONFLICT = "payload_conflict"
+    """The key was already used for a different payload."""
+
+
+@dataclass(frozen=True)
+class Happened:
+    """What happened to a delivery: the phase it reached and how that phase ended."""
+
+    phase: Phase
+    error: BaseException | None = None
+    """What ended the phase; ``None`` when it succeeded."""
+    current: bool = True
+    """This delivery is still the latest of its message and Pub/Sub has not refused it."""
+    claim: ClaimKind | None = None
+    """The answer to the claim (phase ``claim``)."""
+    busy_for_s: float = 0.0
+    """How much longer another owner's lease runs (claim answered ``busy``)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An outcome and what it needs: why, the error to record, how long to wait."""
+
+    outcome: Outcome
+    why: str
+    reason: str | None = None
+    """Failure-path reason (``REVIEW`` only)."""
+    error: str | None = None
+    """Error text to record on a release or failure."""
+    delay_s: float = 0.0
+    """``NACK``/``RETRY``/``RELEASE``/``DEFER``: seconds until the message comes back."""
+
+
+def backoff_s(tries: int) -> float:
+    """Delay before a deferred message comes back: 10 s doubling per try, at most 600 s."""
+    return float(min(MAX_DEFER_S, MIN_DEFER_S * 2 ** max(min(tries, 10) - 1, 0)))
+
+
+def describe(exc: BaseException, limit: int = 4000) -> str:
+    """``Type: message``, clipped, for records and logs."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def decide(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
+    """The outcome of a delivery. Pure: no I/O, no clock.
+
+    ``attempts`` is the job's own claim counter (0 before a claim),
+    ``max_attempts`` the ``MAX_ATTEMPTS`` setting.
+    """
+    phase, error = happened.phase, happened.error
+    lost = Outcome.NACK if happened.current else Outcome.DROP
+    tries = max(attempts, 1)
+    if not happened.current and phase in (Phase.RECEIPT, Phase.GATE, Phase.CLAIM):
+        return Decision(Outcome.DROP, "a newer delivery of this message exists")
+    if phase is Phase.RECEIPT:
+        if isinstance(error, InvalidMessage):
+            return Decision(Outcome.REVIEW, str(error), Reason.MISSING_KEY, str(error))
+        why = "the worker cannot process messages" if error is None else describe(error)
+        return Decision(Outcome.DEFER, why, delay_s=backoff_s(tries))
+    if phase is Phase.GATE:
+        return Decision(Outcome.DEFER, "the key stayed busy in this process", delay_s=MIN_DEFER_S)
+    if phase is Phase.CLAIM:
+        return _after_claim(happened, attempts, max_attempts, lost)
+    if phase is Phase.RUN:
+        return _after_run(error, attempts, max_attempts, lost)
+    # A write that carries out an outcome failed.
+    if isinstance(error, LostOwnership):
+        return Decision(lost, f"ownership lost while writing ({error})")
+    if isinstance(error, OutboxUnsent):
+        text = describe(error)
+        return Decision(Outcome.RELEASE, text, error=text, delay_s=backoff_s(tries))
+    why = describe(error) if error is not None else f"{phase.value} failed"
+    return Decision(Outcome.DEFER, why, delay_s=backoff_s(tries))
+
+
+def _after_claim(happened: Happened, attempts: int, max_attempts: int, lost: Outcome) -> Decision:
+    error, kind = happened.error, happened.claim
+    if isinstance(error, LostOwnership):
+        return Decision(lost, f"superseded before the claim ({error})")
+    if isinstance(error, OutboxUnsent):
+        text = describe(error)
+        return Decision(Outcome.RELEASE, text, error=text, delay_s=backoff_s(attempts))
+    if error is not None:
+        return Decision(Outcome.DEFER, describe(error), delay_s=backoff_s(attempts))
+    if kind is ClaimKind.COMPLETED or kind is ClaimKind.FAILED:
+        return Decision(Outcome.ACK, f"job already {kind.value}")
+    if kind is ClaimKind.CONFLICT:
+        text = "the key was already used for a message with a different payload"
+        return Decision(Outcome.REVIEW, text, Reason.PAYLOAD_CONFLICT, text)
+    if kind is ClaimKind.BUSY:
+        delay = min(max(happened.busy_for_s, MIN_DEFER_S), MAX_DEFER_S)
+        return Decision(Outcome.DEFER, "another owner holds a live lease", delay_s=delay)
+    if attempts > max_attempts:
+        text = f"gave up after {max_attempts} attempts"
+        return Decision(Outcome.REVIEW, text, Reason.ATTEMPTS, text)
+    return Decision(Outcome.RUN, f"claimed (attempt {attempts})")
+
+
+def _after_run(
+    error: BaseException | None, attempts: int, max_attempts: int, lost: Outcome
+) -> Decision:
+    if error is None:
+        return Decision(Outcome.COMPLETE, "the handler returned")
+    text = describe(error)
+    if isinstance(error, ShuttingDown):
+        return Decision(Outcome.RELEASE, "the worker is shutting down")
+    if isinstance(error, LostOwnership) and not isinstance(error, ProcessingTimeout):
+        return Decision(lost, f"ownership lost ({error})")
+    if isinstance(error, PermanentError):
+        reason = Reason.PERMANENT
+        if isinstance(error, DocumentTooLarge):
+            reason = Reason.TOO_LARGE
+        elif isinstance(error, LimitExceeded):
+            reason = Reason.LIMITS
+        return Decision(Outcome.REVIEW, text, reason, text)
+    if isinstance(error, OutboxUnsent):
+        return Decision(Outcome.RELEASE, text, error=text, delay_s=backoff_s(attempts))
+    if attempts >= max_attempts:
+        return Decision(Outcome.REVIEW, f"attempt {attempts} failed: {text}", Reason.ATTEMPTS, text)
+    return Decision(Outcome.RETRY, f"attempt {attempts} failed, will retry: {text}", error=text)
+
+
+class Settleable(Protocol):
+    """The part of a Pub/Sub message :func:`settle` uses."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    def ack_with_response(self) -> concurrent.futures.Future[Any]: ...
+
+    def nack(self) -> None: ...
+
+    def drop(self) -> None: ...
+
+    def modify_ack_deadline(self, seconds: int) -> None: ...
+
+
+AckObserver = Callable[[str], None]
+"""Called with the ack's answer: ``SUCCESS``, an ``AcknowledgeStatus`` name, or ``TIMEOUT``."""
+
+
+def settle(
+    decision: Decision,
+    message: Settleable,
+    *,
+    metrics: Metrics,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+    ack_timeout_s: float,
+    on_ack: AckObserver | None = None,
+) -> None:
+    """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
+
+    An ack is waited for at most ``ack_timeout_s``. With exactly-once
+    delivery an ``INVALID_ACK_ID`` answer after a durable completion loses
+    nothing (the next delivery sees the record and acks); it is counted as
+    ``acks_lost``.
+    """
+    outcome = decision.outcome
+    if outcome in (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW):
+        _ack(message, metrics, log, ack_timeout_s, on_ack)
+    elif outcome is Outcome.DROP:
+        message.drop()
+    elif decision.delay_s > 0:
+        # A nack would bring it back at once; a deadline of delay_s then a drop is a backoff.
+        message.modify_ack_deadline(int(min(max(decision.delay_s, MIN_DEFER_S), MAX_DEFER_S)))
+        message.drop()
+    else:
+        message.nack()
+
+
+def _ack(
+    message: Settleable,
+    metrics: Metrics,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+    timeout_s: float,
+    on_ack: AckObserver | None,
+) -> None:
+    answer = "SUCCESS"
+    try:
+        message.ack_with_response().result(timeout=timeout_s)
+    except AcknowledgeError as exc:
+        answer = exc.error_code.name
+        if exc.error_code in LOST_STATUSES:
+            metrics.inc(Counter.ACKS_LOST)
+            log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
+        else:
+            metrics.inc(Counter.ACK_ERRORS)
+            log.warning("ack failed (%s); a redelivery will ack", answer)
+    except concurrent.futures.TimeoutError:
+        answer = "TIMEOUT"
+        metrics.inc(Counter.ACK_ERRORS)
+        log.warning("no ack response in %.0f s; a redelivery will ack", timeout_s)
+    except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
+        answer = type(exc).__name__
+        metrics.inc(Counter.ACK_ERRORS)
+        log.warning("ack failed (%s); a redelivery will ack", exc)
+    if on_ack is not None:
+        on_ack(answer)

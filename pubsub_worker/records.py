@@ -1,0 +1,111 @@
+"""Step records: their encoding, their names, and the job document's budget.
+
+A step result is stored as JSON *text* (Firestore rejects nested arrays,
+empty field names and integers beyond 64 bits; a result must come back
+exactly as it went in), at most :data:`MAX_RESULT_BYTES`. Step records and
+outbox entries of one job share :data:`STEPS_BUDGET_BYTES`; the rest of
+Firestore's 1 MiB is kept for the job's own fields and a failed record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DocumentTooLarge, PermanentError
+from .limits import MAX_DOCUMENT_BYTES
+from .store import JobRecord, OutboxEntry
+
+__all__ = [
+    "MAX_RESULT_BYTES",
+    "MAX_STEP_NAME_BYTES",
+    "RECORD_RESERVE_BYTES",
+    "STEPS_BUDGET_BYTES",
+    "Budget",
+    "Recorded",
+    "check_step_name",
+    "encode",
+]
+
+MAX_STEP_NAME_BYTES = 256
+MAX_RESULT_BYTES = 256 * 1024
+RECORD_RESERVE_BYTES = 160 * 1024
+"""Room kept in the job document for its own fields, the error and a failed record's
+original attributes (up to 100 x 1,280 bytes in production)."""
+STEPS_BUDGET_BYTES = MAX_DOCUMENT_BYTES - RECORD_RESERVE_BYTES
+"""Bytes the step records and outbox entries of one job may use together."""
+_ENTRY_OVERHEAD_BYTES = 128  # field names, epoch, timestamps, flags of one record
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A step's recorded result (which may be ``None``)."""
+
+    value: Any
+
+
+class Budget:
+    """What the job document's step records and outbox entries use, against the budget."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.used = sum(step_bytes(n, r.result) for n, r in record.steps.items()) + sum(
+            entry_bytes(e) for e in record.outbox.values()
+        )
+
+    @property
+    def room(self) -> int:
+        """Bytes still free for a failed record's data."""
+        return max(STEPS_BUDGET_BYTES - self.used, 0)
+
+    def check(self, name: str, result: str, entries: list[OutboxEntry]) -> int:
+        """Bytes step ``name`` needs; :class:`DocumentTooLarge` if they do not fit."""
+        needed = step_bytes(name, result) + sum(entry_bytes(e) for e in entries)
+        if self.used + needed > STEPS_BUDGET_BYTES:
+            raise DocumentTooLarge(
+                f"step {name!r} would bring the job document to about "
+                f"{self.used + needed} bytes of step records and outbox entries "
+                f"(budget {STEPS_BUDGET_BYTES} under Firestore's {MAX_DOCUMENT_BYTES}); "
+                "store large outputs elsewhere and return their reference"
+            )
+        return needed
+
+    def add(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
+        """Count a committed step (checked before its commit)."""
+        self.used += step_bytes(name, result) + sum(entry_bytes(e) for e in entries)
+
+
+def step_bytes(name: str, result: str) -> int:
+    """About what one step record takes in the document."""
+    return len(name.encode("utf-8", "surrogatepass")) + len(result.encode()) + _ENTRY_OVERHEAD_BYTES
+
+
+def entry_bytes(entry: OutboxEntry) -> int:
+    """About what one outbox entry takes in the document."""
+    attributes = sum(
+        len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+        for k, v in entry.attributes.items()
+    )
+    return len(entry.data) + attributes + len(entry.topic) + 2 * _ENTRY_OVERHEAD_BYTES
+
+
+def check_step_name(name: str) -> None:
+    """``ValueError`` unless ``name`` is a non-empty string of at most 256 bytes."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("a step name is a non-empty string")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_STEP_NAME_BYTES:
+        raise ValueError(f"step names are at most {MAX_STEP_NAME_BYTES} bytes")
+
+
+def encode(step: str, value: Any) -> str:
+    """The JSON text of a step result; :class:`PermanentError` when it is not JSON or too big."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PermanentError(f"the result of step {step!r} is not JSON: {exc}") from exc
+    if len(text.encode()) > MAX_RESULT_BYTES:
+        raise DocumentTooLarge(
+            f"the result of step {step!r} is {len(text)} bytes; at most {MAX_RESULT_BYTES} "
+            "are recorded (store large outputs elsewhere and return their reference)"
+        )
+    return text

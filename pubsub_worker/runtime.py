@@ -1,0 +1,166 @@
+"""The runtime of a worker, built once from its settings: clients, store, keeper, failure path.
+
+:func:`build` reads nothing from the environment (the settings are given)
+and checks what can be checked before the first message: Firestore answers,
+the subscription has exactly-once delivery (unless ``ALLOW_AT_LEAST_ONCE``),
+and the failure topic, when one is configured, exists. Each failed check is
+a :class:`~pubsub_worker.errors.ConfigError` or
+:class:`~pubsub_worker.errors.Unreachable` naming what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass
+
+import google.cloud.pubsub_v1 as pubsub_v1
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+
+from . import clients
+from .deliveries import DeliveryTracker, KeyGate
+from .errors import ConfigError, Unreachable
+from .failure import FailurePath
+from .hooks import Hooks
+from .job import JobContext, Publish
+from .lease import LeaseKeeper
+from .metrics import Metrics
+from .settings import Settings
+from .store import JobStore
+from .stores.batching import BatchingFirestoreJobStore
+
+__all__ = ["Runtime", "build", "check_failure_topic", "check_subscription"]
+
+_LOGGER = logging.getLogger("pubsub_worker")
+
+_CHECK_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Runtime:
+    """Everything one worker shares between its deliveries."""
+
+    settings: Settings
+    store: JobStore
+    publish: Publish
+    tracker: DeliveryTracker
+    gate: KeyGate
+    keeper: LeaseKeeper
+    metrics: Metrics
+    failure: FailurePath
+    context: JobContext
+    hooks: Hooks
+    owner: str
+    """This process's worker id: host/pid/random."""
+    checked: bool = False
+    """The subscription and failure topic were checked."""
+
+
+def build(
+    settings: Settings,
+    *,
+    store: JobStore | None,
+    firestore_client: firestore.Client | None,
+    publisher: pubsub_v1.PublisherClient | None,
+    hooks: Hooks,
+    stopping: threading.Event,
+) -> Runtime:
+    """Clients, store and helpers for ``settings``; checks Firestore when it makes the client."""
+    subscription = settings.subscription_path  # ConfigError when unset
+    if store is None:
+        client = firestore_client or clients.firestore_client(settings)
+        if firestore_client is None:
+            clients.check_firestore(client, settings)
+        store = BatchingFirestoreJobStore(client, settings.collection)
+    publish = clients.publisher_function(publisher or clients.publisher_client(settings))
+    metrics = Metrics()
+    tracker = DeliveryTracker()
+    keeper = LeaseKeeper(
+        lease_s=settings.lease_seconds,
+        max_processing_s=settings.max_processing_seconds,
+        metrics=metrics,
+    )
+    metrics.gauge("in_flight", keeper.in_flight, "Jobs being processed now")
+    metrics.gauge(
+        "oldest_unacked_age_s", keeper.oldest_age_s, "Age of the oldest message in flight"
+    )
+    retention_s = settings.retention_days * 86400.0
+    context = JobContext(
+        store=store,
+        tracker=tracker,
+        metrics=metrics,
+        publish=publish,
+        topic_path=settings.topic_path,
+        lease_s=settings.lease_seconds,
+        retention_s=retention_s,
+        io_timeout_s=settings.ack_timeout_seconds,
+        outbox_key_attribute=settings.outbox_key_attribute,
+        stopping=stopping,
+        hooks=hooks,
+    )
+    failure = FailurePath(
+        store=store,
+        subscription=subscription,
+        publish=publish,
+        failure_topic=settings.failure_topic_path,
+        metrics=metrics,
+        retention_s=retention_s,
+        io_timeout_s=settings.ack_timeout_seconds,
+    )
+    return Runtime(
+        settings=settings,
+        store=store,
+        publish=publish,
+        tracker=tracker,
+        gate=KeyGate(tracker),
+        keeper=keeper,
+        metrics=metrics,
+        failure=failure,
+        context=context,
+        hooks=hooks,
+        owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
+    )
+
+
+def check_subscription(settings: Settings, subscriber: pubsub_v1.SubscriberClient) -> None:
+    """ConfigError for a subscription without exactly-once delivery (unless allowed)."""
+    if clients.check_subscription(subscriber, settings):
+        return
+    if not settings.allow_at_least_once:
+        raise ConfigError(
+            f"subscription {settings.subscription_path} does not have exactly-once delivery "
+            "enabled: a stale ack would be indistinguishable from a real one. Enable it "
+            "(gcloud pubsub subscriptions update --enable-exactly-once-delivery) or set "
+            "PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE=true to accept at-least-once acks."
+        )
+    _LOGGER.warning(
+        "PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE is set and the subscription has no "
+        "exactly-once delivery: acks resolve without proof, a lapsed lease is not "
+        "detected by Pub/Sub, and only the Firestore epoch fences stale workers"
+    )
+
+
+def check_failure_topic(settings: Settings, publisher: pubsub_v1.PublisherClient) -> None:
+    """ConfigError when ``FAILURE_TOPIC`` is set but the topic does not exist.
+
+    Found at start-up rather than on the first failing job, which could then
+    only be left unacked.
+    """
+    topic = settings.failure_topic_path
+    if topic is None:
+        return
+    try:
+        publisher.get_topic(request={"topic": topic}, timeout=_CHECK_TIMEOUT_S)
+    except gexc.NotFound as exc:
+        raise ConfigError(
+            f"PUBSUB_WORKER_FAILURE_TOPIC={topic!r}: the topic does not exist; create it "
+            f"(gcloud pubsub topics create {topic.rsplit('/', 1)[-1]}) or unset the variable"
+        ) from exc
+    except gexc.PermissionDenied:
+        _LOGGER.warning("cannot check that failure topic %s exists (permission denied)", topic)
+    except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError) as exc:
+        raise Unreachable(f"Pub/Sub did not answer while checking topic {topic}: {exc}") from exc
