@@ -15,18 +15,26 @@
 from __future__ import annotations
 
 from .errors import (
+    AlreadyExists,
     ConfigError,
+    DocumentTooLarge,
+    FailurePathUnavailable,
     InvalidMessage,
+    LimitExceeded,
     LostOwnership,
+    OutboxUnsent,
     PermanentError,
     ProcessingTimeout,
     PubSubWorkerError,
     ShuttingDown,
     StoreError,
     Unreachable,
+    VersionConflict,
 )
+from .hooks import Hooks
 from .job import Job
 from .metrics import Counter, Metrics
+from .outcome import Outcome
 from .runner import flow_control, run
 from .settings import Settings
 from .store import JobStore, Status
@@ -34,17 +42,24 @@ from .stores import BatchingFirestoreJobStore, FirestoreJobStore, MemoryJobStore
 from .wrapper import ExactlyOnce, exactly_once
 
 __all__ = [
+    "AlreadyExists",
     "BatchingFirestoreJobStore",
     "ConfigError",
     "Counter",
+    "DocumentTooLarge",
     "ExactlyOnce",
+    "FailurePathUnavailable",
     "FirestoreJobStore",
+    "Hooks",
     "InvalidMessage",
     "Job",
     "JobStore",
+    "LimitExceeded",
     "LostOwnership",
     "MemoryJobStore",
     "Metrics",
+    "OutboxUnsent",
+    "Outcome",
     "PermanentError",
     "ProcessingTimeout",
     "PubSubWorkerError",
@@ -53,6 +68,7 @@ __all__ = [
     "Status",
     "StoreError",
     "Unreachable",
+    "VersionConflict",
     "exactly_once",
     "flow_control",
     "run",

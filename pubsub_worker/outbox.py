@@ -18,6 +18,7 @@ from typing import Any
 from . import store as s
 from .errors import LimitExceeded
 from .limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
+from .settings import LIBRARY_ATTRIBUTE_PREFIX
 from .store import OutboxEntry
 
 __all__ = [
@@ -31,8 +32,6 @@ __all__ = [
     "reserved_attribute",
 ]
 
-LIBRARY_ATTRIBUTE_PREFIX = "pubsub_worker_"
-"""Attributes the library itself sets start with this; users may not set them."""
 STEP_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "step"
 MAX_OUTBOX_DATA_BYTES = 256 * 1024
 """An outbox message is stored in the job document: its data is kept small."""

@@ -18,6 +18,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
 
+LIBRARY_ATTRIBUTE_PREFIX = "pubsub_worker_"
+"""Attributes the library sets on what it publishes start with this."""
+
 __all__ = ["ENV_PREFIX", "Settings"]
 
 ENV_PREFIX = "PUBSUB_WORKER_"
@@ -46,7 +49,10 @@ _ACCEPTS: dict[str, str] = {
     "ack_timeout_seconds": "seconds from 1 to 600",
     "shutdown_grace_seconds": "seconds from 0 to 3600",
     "retention_days": "whole days from 1 to 3650",
-    "outbox_key_attribute": "a message attribute name, 1 to 256 characters",
+    "outbox_key_attribute": (
+        "a message attribute name, 1 to 256 bytes, not starting with 'goog' or "
+        "'pubsub_worker_' (the library's own attributes)"
+    ),
     "log_format": "text or json",
     "pubsub_emulator_host": "HOST:PORT",
     "firestore_emulator_host": "HOST:PORT",
@@ -168,6 +174,15 @@ class Settings(BaseSettings):
             raise ValueError("attribute names are 1 to 256 bytes")
         if value is not None and value.startswith("goog"):
             raise ValueError("attribute names may not start with 'goog'")
+        return value
+
+    @field_validator("outbox_key_attribute")
+    @classmethod
+    def _check_outbox_key(cls, value: str) -> str:
+        if value.startswith(LIBRARY_ATTRIBUTE_PREFIX):
+            raise ValueError(
+                f"{LIBRARY_ATTRIBUTE_PREFIX}* attributes are set by pubsub-worker itself"
+            )
         return value
 
     @field_validator("project")

@@ -8,13 +8,20 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     ``transactional`` (transactional step ``write`` adds a document to
                     ``CHAOS_SINK_COLLECTION`` and, with ``CHAOS_OUTPUT_TOPIC``, publishes),
                     ``fenced`` (step ``write`` writes ``samples.fenced_sink`` at the epoch),
-                    ``legacy`` (an unchanged ``callback(message)`` that acks)
-``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point:
+                    ``legacy`` (an unchanged ``callback(message)`` that acks),
+                    ``legacy_steps`` (the same, running steps a, b, c through ``message.job``),
+                    ``outbox_swallow`` (like ``outbox``, swallowing every error of its step),
+                    ``publish_outside`` (``job.publish()`` outside any step),
+                    ``big`` (``CHAOS_STEPS`` steps ``s1``.. of ``CHAOS_RESULT_BYTES`` each)
+``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point
+                    (through the library's :class:`~pubsub_worker.hooks.Hooks`):
                     ``step:NAME`` inside step NAME; ``before_ack`` after the completion
                     record, before the ack; ``before_publish`` after an outbox entry is
                     committed, before it is published; ``after_publish`` after the outbox
                     publish, before the completion
-``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows)
+``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows); only the steps in
+                    ``CHAOS_SLEEP_STEPS`` and epochs in ``CHAOS_SLEEP_EPOCHS`` if set (commas)
+``CHAOS_HEARTBEAT`` ``1``: a sleeping step calls ``job.heartbeat()`` every 0.2 s
 ``CHAOS_GATES``     comma-separated points (``step:NAME``) where this worker holds, once per
                     test, until the test releases it (:mod:`tests.support.gate`)
 ``CHAOS_STORE``     ``plain`` (``FirestoreJobStore``) or ``batching``
@@ -22,7 +29,7 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     with ``CHAOS_STORE_RPC_TIMEOUT_S`` (default 10) as its per-RPC timeout, so a
                     blackholed call fails fast
 
-Each effect line: ``{"effect": step, "key": job key, "epoch": n, "pid": pid}``.
+Each effect line: ``{"effect": step, "key": job key, "epoch": n, "pid": pid, "at": unix time}``.
 Every delivery handed to the wrapper is logged as ``received message ID``, and what became
 of it as ``ack of message ID: SUCCESS`` (or the refusal), ``nack of message ID``, ``drop of
 message ID`` (logger ``chaos``).
@@ -54,12 +61,15 @@ KILL_AT = _env("CHAOS_KILL_AT")
 SCENARIO = _env("CHAOS_SCENARIO", "steps")
 SLEEP_S = float(_env("CHAOS_STEP_SLEEP_S", "0") or 0)
 HEARTBEAT = _env("CHAOS_HEARTBEAT") == "1"
+SLEEP_STEPS = frozenset(name for name in _env("CHAOS_SLEEP_STEPS").split(",") if name)
+SLEEP_EPOCHS = frozenset(int(n) for n in _env("CHAOS_SLEEP_EPOCHS").split(",") if n)
 GATES = frozenset(point for point in _env("CHAOS_GATES").split(",") if point)
 
 
 def effect(name: str, key: str, epoch: int, **extra: Any) -> None:
     """Record one externally visible effect, durably, before returning."""
-    line = json.dumps({"effect": name, "key": key, "epoch": epoch, "pid": os.getpid(), **extra})
+    record = {"effect": name, "key": key, "epoch": epoch, "pid": os.getpid(), "at": time.time()}
+    line = json.dumps({**record, **extra})
     fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -107,7 +117,7 @@ def _step(job: pubsub_worker.Job, name: str) -> str:
         maybe_die(f"step:{name}")
         if f"step:{name}" in GATES:
             gate.hold(EFFECTS, f"step:{name}")
-        if SLEEP_S:
+        if SLEEP_S and _sleeps(name, job.epoch):
             deadline = time.monotonic() + SLEEP_S
             while time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -117,6 +127,10 @@ def _step(job: pubsub_worker.Job, name: str) -> str:
         return f"{name}-done"
 
     return job.step(name, run)
+
+
+def _sleeps(step: str, epoch: int) -> bool:
+    return (not SLEEP_STEPS or step in SLEEP_STEPS) and (not SLEEP_EPOCHS or epoch in SLEEP_EPOCHS)
 
 
 def handle_steps(message: Any, job: pubsub_worker.Job) -> None:
@@ -143,6 +157,47 @@ def handle_outbox(message: Any, job: pubsub_worker.Job) -> None:
         return "produced"
 
     job.step("produce", produce)
+
+
+def handle_outbox_swallow(message: Any, job: pubsub_worker.Job) -> None:
+    """A handler that swallows every error of its step (a publish that failed, say)."""
+    topic = _env("CHAOS_OUTPUT_TOPIC")
+
+    def produce() -> str:
+        effect("produce", job.key, job.epoch)
+        job.publish(topic, b"output:" + message.data, source="chaos")
+        return "produced"
+
+    try:
+        job.step("produce", produce)
+    except Exception as exc:
+        effect("swallowed", job.key, job.epoch, error=repr(exc))
+
+
+def handle_publish_outside(message: Any, job: pubsub_worker.Job) -> None:
+    """``job.publish()`` outside any step: a step of its own."""
+    effect("publish", job.key, job.epoch)
+    job.publish(_env("CHAOS_OUTPUT_TOPIC"), b"output:" + message.data, source="chaos")
+
+
+def handle_big(message: Any, job: pubsub_worker.Job) -> None:
+    """``CHAOS_STEPS`` steps, each returning ``CHAOS_RESULT_BYTES`` bytes of result."""
+    size = int(_env("CHAOS_RESULT_BYTES", "1000"))
+    for index in range(1, int(_env("CHAOS_STEPS", "3")) + 1):
+        name = f"s{index}"
+
+        def run(name: str = name) -> str:
+            effect(name, job.key, job.epoch)
+            return "x" * size
+
+        job.step(name, run)
+
+
+def handle_legacy_steps(message: Any) -> None:
+    """An unchanged ``callback(message)`` with steps through ``message.job``, then ack."""
+    for name in ("a", "b", "c"):
+        _step(message.job, name)
+    message.ack()
 
 
 def handle_transactional(message: Any, job: pubsub_worker.Job) -> None:
@@ -208,6 +263,10 @@ HANDLERS: dict[str, Callable[..., None]] = {
     "transactional": handle_transactional,
     "fenced": handle_fenced,
     "legacy": handle_legacy,
+    "legacy_steps": handle_legacy_steps,
+    "outbox_swallow": handle_outbox_swallow,
+    "publish_outside": handle_publish_outside,
+    "big": handle_big,
 }
 
 
