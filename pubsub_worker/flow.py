@@ -202,18 +202,16 @@ class DeliveryFlow:
         self.decision = decision
         self._count(decision)
         key = self._identity.key if self._identity is not None else None
-        answer: list[str] = []
+        message_id = self._message.message_id
         if decision.outcome in _ACKING:
-            rt.hooks.before_ack(key, self._message.message_id)
-        settle(
-            decision,
-            self._message,
-            metrics=rt.metrics,
-            log=self._log,
-            ack_timeout_s=rt.settings.ack_timeout_seconds,
-            on_ack=answer.append,
-        )
-        rt.hooks.settled(self._message.message_id, decision.outcome.value, next(iter(answer), None))
+            rt.hooks.before_ack(key, message_id)
+
+        def acked(answer: str) -> None:
+            rt.hooks.settled(message_id, decision.outcome.value, answer)
+
+        settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
+        if decision.outcome not in _ACKING:
+            rt.hooks.settled(message_id, decision.outcome.value, None)
         return decision
 
     def _write(self, decision: Decision) -> None:

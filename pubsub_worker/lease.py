@@ -139,9 +139,9 @@ class LeaseKeeper:
             self._tickets.add(ticket)
         return ticket
 
-    def attach(self, ticket: Ticket, job: TrackedJob, key: str) -> None:
+    def attach(self, ticket: Ticket, job: TrackedJob, key: str, now: float | None = None) -> None:
         """The delivery claimed ``job``: from now on, renew only while it progresses."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         with self._lock:
             ticket.key = key
             ticket.job = job

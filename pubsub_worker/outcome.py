@@ -274,19 +274,20 @@ def settle(
     *,
     metrics: Metrics,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
-    ack_timeout_s: float,
     on_ack: AckObserver | None = None,
 ) -> None:
     """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
 
-    An ack is waited for at most ``ack_timeout_s``. With exactly-once
-    delivery an ``INVALID_ACK_ID`` answer after a durable completion loses
-    nothing (the next delivery sees the record and acks); it is counted as
-    ``acks_lost``.
+    An ack is sent and not waited for: the job's record is durable already,
+    so the callback's thread is free for the next message while the ack
+    makes its round trip (the client keeps the message's flow-control slot
+    until the answer). ``on_ack`` gets the answer when it comes. With
+    exactly-once delivery an ``INVALID_ACK_ID`` answer loses nothing (the
+    next delivery sees the record and acks); it is counted as ``acks_lost``.
     """
     outcome = decision.outcome
     if outcome in (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW):
-        _ack(message, metrics, log, ack_timeout_s, on_ack)
+        _ack(message, metrics, log, on_ack)
     elif outcome is Outcome.DROP:
         message.drop()
     elif decision.delay_s > 0:
@@ -301,27 +302,31 @@ def _ack(
     message: Settleable,
     metrics: Metrics,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
-    timeout_s: float,
     on_ack: AckObserver | None,
 ) -> None:
-    answer = "SUCCESS"
-    try:
-        message.ack_with_response().result(timeout=timeout_s)
-    except AcknowledgeError as exc:
-        answer = exc.error_code.name
-        if exc.error_code in LOST_STATUSES:
-            metrics.inc(Counter.ACKS_LOST)
-            log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
-        else:
+    def answered(future: concurrent.futures.Future[Any]) -> None:
+        answer = "SUCCESS"
+        error = future.exception()
+        if isinstance(error, AcknowledgeError):
+            answer = error.error_code.name
+            if error.error_code in LOST_STATUSES:
+                metrics.inc(Counter.ACKS_LOST)
+                log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
+            else:
+                metrics.inc(Counter.ACK_ERRORS)
+                log.warning("ack failed (%s); a redelivery will ack", answer)
+        elif error is not None:
+            answer = type(error).__name__
             metrics.inc(Counter.ACK_ERRORS)
-            log.warning("ack failed (%s); a redelivery will ack", answer)
-    except concurrent.futures.TimeoutError:
-        answer = "TIMEOUT"
-        metrics.inc(Counter.ACK_ERRORS)
-        log.warning("no ack response in %.0f s; a redelivery will ack", timeout_s)
+            log.warning("ack failed (%s); a redelivery will ack", error)
+        if on_ack is not None:
+            on_ack(answer)
+
+    try:
+        future = message.ack_with_response()
     except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
-        answer = type(exc).__name__
-        metrics.inc(Counter.ACK_ERRORS)
-        log.warning("ack failed (%s); a redelivery will ack", exc)
-    if on_ack is not None:
-        on_ack(answer)
+        failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        failed.set_exception(exc)
+        answered(failed)
+        return
+    future.add_done_callback(answered)

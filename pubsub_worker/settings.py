@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     max_messages: int = Field(default=10, ge=1, le=1000)
     """Messages in flight at once in :func:`pubsub_worker.run` (flow control and threads)."""
     ack_timeout_seconds: float = Field(default=60.0, ge=1, le=600)
-    """Upper bound on waiting for an ack or lease-renewal response."""
+    """Upper bound on waiting for a publish (outbox, failure path, replay)."""
     shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight jobs may keep running before they are released."""
     retention_days: int = Field(default=30, ge=1, le=3650)

@@ -173,7 +173,7 @@ class ExactlyOnce:
         except Exception as exc:
             log.exception("worker cannot start; the message comes back later")
             decision = Decision(Outcome.DEFER, str(exc), delay_s=backoff_s(1))
-            settle(decision, message, metrics=Metrics(), log=log, ack_timeout_s=10)
+            settle(decision, message, metrics=Metrics(), log=log)
             return
         rt.hooks.received(message.message_id)
         rt.metrics.inc(Counter.RECEIVED)

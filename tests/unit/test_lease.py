@@ -13,7 +13,7 @@ from pubsub_worker.deliveries import Delivery
 from pubsub_worker.lease import LeaseKeeper, Ticket
 from pubsub_worker.metrics import Counter, Metrics
 
-T0 = 1000.0  # a monotonic instant; every test passes its clock to tick()
+T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and tick()
 
 
 class FakeJob:
@@ -52,8 +52,7 @@ def watched(
     delivery = Delivery("m1", "ack-1", 1, "d1")
     ticket = k.watch(message, delivery, received_at=T0, published_at=time.time(), key="k")
     if job is not None:
-        k.attach(ticket, job, "k")
-        ticket.attached_at = T0  # as if claimed at once
+        k.attach(ticket, job, "k", now=T0)  # claimed at once
     return ticket, delivery
 
 
@@ -157,10 +156,9 @@ def test_the_cap_counts_from_receipt() -> None:
     """Time spent waiting before the claim counts towards MAX_PROCESSING_SECONDS."""
     k, metrics = keeper(lease_s=10, cap_s=30)
     job, message = FakeJob(), FakeMessage()
-    watched(k, message)
+    ticket, _ = watched(k, message)
     k.tick(T0 + 25)  # waited 25 s for a thread
-    ticket = next(iter(k._tickets))
-    k.attach(ticket, job, "k")
+    k.attach(ticket, job, "k", now=T0 + 25)
     job.last_progress = T0 + 30.5
     k.tick(T0 + 31)
     assert job.abandoned.is_set()
@@ -186,7 +184,7 @@ def test_gauges_follow_the_messages_in_hand() -> None:
     delivery = Delivery("m1", "ack-1", 1, "d1")
     ticket = k.watch(FakeMessage(), delivery, received_at=T0, published_at=time.time() - 42)
     assert (k.watched(), k.in_flight()) == (1, 0)
-    k.attach(ticket, job, "k")
+    k.attach(ticket, job, "k", now=T0)
     assert k.in_flight() == 1
     assert 41 <= k.oldest_age_s() <= 44
     k.forget(ticket)
