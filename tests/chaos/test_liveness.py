@@ -19,6 +19,7 @@ import pytest
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker.limits import MAX_DOCUMENT_BYTES, document_bytes, problems
 from tests.chaos.conftest import LEASE_S
+from tests.support.gate import Gate
 from tests.support.observe import (
     acks,
     assert_not_redelivered,
@@ -401,3 +402,84 @@ def test_a_legacy_callback_is_released_on_shutdown_like_a_job(
     second.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=60)
     assert runs(effects, "a") == runs(effects, "b") == [(first.pid, 1)]
     assert runs(effects, "c") == [(second.pid, 2)]
+
+
+def test_unsent_entries_of_an_earlier_owner_go_out_before_the_attempts_check(
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    firestore_collection: str,
+    eod_subscription: SubscriptionHandle,
+    make_subscription: Any,
+    worker_env: dict[str, str],
+    effects: Effects,
+    workers: Any,
+) -> None:
+    """MAX_ATTEMPTS=1 and a kill after the outbox entry is committed, before its publish.
+
+    The rescuer's claim is attempt 2: the job goes to review without running,
+    but only after the entry the first owner committed is published, once.
+    """
+    out = make_subscription(exactly_once=False, prefix="out")
+    review = make_subscription(exactly_once=False, prefix="review")
+    env = {
+        **worker_env,
+        "CHAOS_SCENARIO": "outbox",
+        "CHAOS_OUTPUT_TOPIC": out.topic_path,
+        "PUBSUB_WORKER_MAX_ATTEMPTS": "1",
+        "PUBSUB_WORKER_FAILURE_TOPIC": review.topic_path,
+    }
+    first = workers({**env, "CHAOS_KILL_AT": "before_publish"}, "first")
+    message_id = publisher.publish(eod_subscription.topic_path, b"job", op="op-1").result()
+    first.process.wait(timeout=60)
+    end_stale_streams(subscriber, eod_subscription.subscription_path)
+    second = workers(env, "second")
+    second.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=60)
+    outputs = collect(subscriber, out.subscription_path, until=time.monotonic() + 2, at_least=1)
+    reviewed = collect(subscriber, review.subscription_path, until=time.monotonic(), at_least=1)
+
+    assert effects.by_effect() == {"produce": 1, "killed": 1}
+    assert [(m.data, m.attributes["effect_key"]) for m in outputs] == [
+        (b"output:job", "op-1:produce:0")
+    ]
+    assert [m.attributes["pubsub_worker_reason"] for m in reviewed] == ["attempts"]
+    doc = job_document(
+        firestore_client, firestore_collection, eod_subscription.subscription_path, "op-1"
+    )
+    assert (doc["status"], doc["reason"], doc["epoch"]) == ("failed", "attempts", 2)
+    assert [entry["sent"] for entry in doc["outbox"].values()] == [True]
+
+
+def test_work_that_finished_is_completed_even_if_the_cap_passes_meanwhile(
+    publisher: Any,
+    firestore_client: Any,
+    firestore_collection: str,
+    eod_subscription: SubscriptionHandle,
+    worker_env: dict[str, str],
+    effects: Effects,
+    workers: Any,
+) -> None:
+    """All steps ran; the handler is held 11 s before it returns, past a 10 s cap.
+
+    The cap abandons jobs that are still working; this one's work is done,
+    so it is completed (not thrown back to run step c again) and acked.
+    """
+    env = {
+        **worker_env,
+        "PUBSUB_WORKER_MAX_PROCESSING_SECONDS": "10",
+        "CHAOS_GATES": "end",
+    }
+    worker = workers(env, "cap")
+    message_id = publisher.publish(eod_subscription.topic_path, b"payload", op="op-1").result()
+    gate = Gate(effects.path, "end")
+    assert gate.wait_arrived() == worker.pid
+    worker.wait_for_log("abandoned after", timeout_s=20)
+    gate.release()
+    worker.wait_for_log(f"ack of message {message_id}", timeout_s=30)
+
+    assert effects.by_effect() == {"a": 1, "b": 1, "c": 1}
+    doc = job_document(
+        firestore_client, firestore_collection, eod_subscription.subscription_path, "op-1"
+    )
+    assert (doc["status"], doc["epoch"], doc["attempts"]) == ("completed", 1, 1)
+    assert "completed (attempt 1, epoch 1)" in worker.log()

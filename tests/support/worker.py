@@ -22,7 +22,8 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows); only the steps in
                     ``CHAOS_SLEEP_STEPS`` and epochs in ``CHAOS_SLEEP_EPOCHS`` if set (commas)
 ``CHAOS_HEARTBEAT`` ``1``: a sleeping step calls ``job.heartbeat()`` every 0.2 s
-``CHAOS_GATES``     comma-separated points (``step:NAME``) where this worker holds, once per
+``CHAOS_GATES``     comma-separated points (``step:NAME``, or ``end`` after the last step of
+                    ``steps``) where this worker holds, once per
                     test, until the test releases it (:mod:`tests.support.gate`)
 ``CHAOS_STORE``     ``plain`` (``FirestoreJobStore``) or ``batching``
                     (``BatchingFirestoreJobStore``) instead of the wrapper's default store, built
@@ -136,6 +137,8 @@ def _sleeps(step: str, epoch: int) -> bool:
 def handle_steps(message: Any, job: pubsub_worker.Job) -> None:
     for name in ("a", "b", "c"):
         _step(job, name)
+    if "end" in GATES:
+        gate.hold(EFFECTS, "end")  # the work is done; the handler has not returned yet
 
 
 def handle_always_fail(message: Any, job: pubsub_worker.Job) -> None:
