@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -32,6 +32,8 @@ from . import store as s
 from .claim import now_utc
 from .errors import LostOwnership, StoreError, VersionConflict
 from .store import JobRecord, JobStore, Status, TransactionalStore, Version
+from .stores.firestore import FirestoreJobStore
+from .stores.firestore_async import transact_async
 
 __all__ = ["FencedDocument"]
 
@@ -164,6 +166,54 @@ class FencedDocument:
                 self._last_write = time.monotonic()
                 return result, None
             raise self._on_lost("the transactional step kept conflicting with another writer")
+
+    async def transact_async(
+        self,
+        body: Callable[[Any], Awaitable[T]],
+        changes: Callable[[Any], Mapping[tuple[str, ...], Any]],
+        adopt: Callable[[JobRecord], bool],
+    ) -> tuple[T | None, JobRecord | None]:
+        """:meth:`transact` for an ``async def`` body, through Firestore's async client.
+
+        Only the handler's task uses the document meanwhile, so no lock is
+        held across the awaits; the rare conflict is settled with a
+        (blocking) read, as in :meth:`transact`.
+        """
+        store = self._store
+        if not isinstance(store, FirestoreJobStore):
+            raise StoreError(f"{type(store).__name__} cannot run async transactional steps")
+
+        def all_changes(result: Any) -> dict[tuple[str, ...], Any]:
+            with self._lock:
+                merged = dict(self._pending)
+            merged.update(changes(result))
+            merged.update(self.lease_changes())
+            return merged
+
+        for _ in range(_WRITE_ROUNDS):
+            expected = self._version if self._version is not None else self.resettle()
+            try:
+                result, version = await transact_async(
+                    store, self._doc_id, expected=expected, body=body, changes=all_changes
+                )
+            except VersionConflict:
+                record, version = self.read_own()
+                with self._lock:
+                    self._version = version
+                if adopt(record):
+                    self._committed()
+                    return None, record
+                continue
+            with self._lock:
+                self._version = version
+            self._committed()
+            return result, None
+        raise self._on_lost("the transactional step kept conflicting with another writer")
+
+    def _committed(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            self._last_write = time.monotonic()
 
     def resettle(self) -> Version:
         """Read the job: if it is still ours, its version; else :class:`LostOwnership`."""

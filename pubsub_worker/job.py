@@ -166,30 +166,14 @@ class Job:
         effect idempotent with :meth:`idempotency_key`, or fence it with
         :attr:`epoch`.
         """
-        recorded = self._begin(name)
+        recorded = self.open_step(name)
         if recorded is not None:
             return recorded.value  # type: ignore[no-any-return]
-        if self._doc.staged((s.STEPS,)):
-            self._doc.write()  # the previous step's record is durable before this step runs
-        self._current_step, self._step_outbox = name, []
         try:
             value = fn()
         finally:
-            self._current_step = None
-        result = encode(name, value)
-        changes, entries = self._outbox_changes(name)
-        self._budget.check(name, result, entries)
-        self._budget.add(name, result, entries)
-        self._ctx.metrics.inc(Counter.STEPS_RUN)
-        self._steps[name] = result
-        self._doc.stage({(s.STEPS, name): self._step_record(result), **changes})
-        self._progress()
-        if entries:
-            self._doc.write()  # an outbox entry is durable before it is published
-            self._ctx.hooks.after_commit(self.key, name)
-            self._unsent.extend(entries)
-            self._try_publish_unsent()
-        return json.loads(result)  # type: ignore[no-any-return]
+            self.leave_step()
+        return self.record_step(name, value)  # type: ignore[no-any-return]
 
     def transactional_step(self, name: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(transaction)`` and record the step in the same Firestore transaction.
@@ -207,43 +191,20 @@ class Job:
         until Firestore expires its transaction (60 s idle on the emulator),
         and its commit then fails. Returns the recorded result like :meth:`step`.
         """
-        recorded = self._begin(name)
+        recorded = self.begin_step(name)
         if recorded is not None:
             return recorded.value  # type: ignore[no-any-return]
-        encoded: dict[str, str] = {}
-        committed: list[OutboxEntry] = []  # the outbox entries of the attempt that commits
+        parts = self.transaction_parts(name)
 
         def body(transaction: Any) -> T:
-            self._current_step, self._step_outbox = name, []
+            self.enter_step(name)
             try:
                 return fn(transaction)
             finally:
-                self._current_step = None
+                self.leave_step()
 
-        def changes(value: Any) -> dict[tuple[str, ...], Any]:
-            encoded["result"] = encode(name, value)
-            outbox, committed[:] = self._outbox_changes(name)
-            self._budget.check(name, encoded["result"], committed)
-            return {(s.STEPS, name): self._step_record(encoded["result"]), **outbox}
-
-        def adopt(record: JobRecord) -> bool:
-            done = record.steps.get(name)
-            if done is None or done.epoch != self._epoch:
-                return False
-            encoded["result"] = done.result
-            entries = record.outbox.values()
-            committed[:] = [e for e in entries if e.step == name and not e.sent]
-            return True
-
-        self._doc.transact(body, changes, adopt)
-        self._budget.add(name, encoded["result"], committed)  # checked inside the transaction
-        self._steps[name] = encoded["result"]
-        self._ctx.metrics.inc(Counter.STEPS_RUN)
-        self._ctx.hooks.after_commit(self.key, name)
-        self._progress()
-        self._unsent.extend(committed)
-        self._try_publish_unsent()
-        return json.loads(encoded["result"])  # type: ignore[no-any-return]
+        self._doc.transact(body, parts.changes, parts.adopt)
+        return self.finish_transaction(parts)  # type: ignore[no-any-return]
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> None:
         """Publish a message exactly once for this job.
@@ -260,14 +221,27 @@ class Job:
         any duplicate. Raises :class:`~pubsub_worker.errors.LimitExceeded` for
         a message Pub/Sub would refuse (checked now, not after the commit).
         """
+        outgoing = self.prepare(topic, data, attributes)
+        if self._current_step is None:
+            self.step(self.publish_step_name(), lambda: self.queue(outgoing))
+            return
+        self.queue(outgoing)
+
+    def prepare(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Outgoing:
+        """A message for :meth:`publish`, resolved and checked against Pub/Sub's limits."""
         if not isinstance(data, bytes):
             raise TypeError("data must be bytes")
         outgoing = Outgoing(self._ctx.topic_path(topic), data, dict(attributes))
         check_outgoing(outgoing, self._ctx.outbox_key_attribute)
-        if self._current_step is None:
-            self._publishes += 1
-            self.step(f"~publish.{self._publishes}", lambda: self._step_outbox.append(outgoing))
-            return
+        return outgoing
+
+    def publish_step_name(self) -> str:
+        """The name of the next step of its own that a publish outside any step becomes."""
+        self._publishes += 1
+        return f"~publish.{self._publishes}"
+
+    def queue(self, outgoing: Outgoing) -> None:
+        """Queue a checked message for the current step (see :meth:`publish`)."""
         self._step_outbox.append(outgoing)
 
     def heartbeat(self) -> None:
@@ -280,6 +254,84 @@ class Job:
         self._progress()
         if self._doc.lease_due():
             self._doc.write()
+
+    # -- the step protocol: step() above, and awaited piece by piece by AsyncJob ------
+
+    def begin_step(self, name: str) -> Recorded | None:
+        """Checks before a step (no I/O); the recorded result if the step is done already."""
+        return self._begin(name)
+
+    def open_step(self, name: str) -> Recorded | None:
+        """:meth:`begin_step`, then commit the previous step's record and enter ``name``."""
+        recorded = self._begin(name)
+        if recorded is not None:
+            return recorded
+        if self._doc.staged((s.STEPS,)):
+            self._doc.write()  # the previous step's record is durable before this step runs
+        self.enter_step(name)
+        return None
+
+    def enter_step(self, name: str) -> None:
+        """From now on, :meth:`publish` queues messages for step ``name``."""
+        self._current_step, self._step_outbox = name, []
+
+    def leave_step(self) -> None:
+        """The step's function returned or raised."""
+        self._current_step = None
+
+    def record_step(self, name: str, value: Any) -> Any:
+        """Stage the step's record (written now if it has outbox entries); its JSON round trip."""
+        result = encode(name, value)
+        changes, entries = self._outbox_changes(name)
+        self._budget.check(name, result, entries)
+        self._budget.add(name, result, entries)
+        self._ctx.metrics.inc(Counter.STEPS_RUN)
+        self._steps[name] = result
+        self._doc.stage({(s.STEPS, name): self._step_record(result), **changes})
+        self._progress()
+        if entries:
+            self._doc.write()  # an outbox entry is durable before it is published
+            self._ctx.hooks.after_commit(self.key, name)
+            self._unsent.extend(entries)
+            self._try_publish_unsent()
+        return json.loads(result)
+
+    def transaction_parts(self, name: str) -> TransactionParts:
+        """What transactional step ``name`` writes with the job; how a lost reply is adopted."""
+        return TransactionParts(self, name)
+
+    def finish_transaction(self, parts: TransactionParts) -> Any:
+        """After the transaction committed: bookkeeping, then publish its outbox entries."""
+        self._budget.add(parts.name, parts.result, parts.committed)  # checked in the transaction
+        self._steps[parts.name] = parts.result
+        self._ctx.metrics.inc(Counter.STEPS_RUN)
+        self._ctx.hooks.after_commit(self.key, parts.name)
+        self._progress()
+        self._unsent.extend(parts.committed)
+        self._try_publish_unsent()
+        return json.loads(parts.result)
+
+    @property
+    def document(self) -> FencedDocument:
+        """The job's fenced document (for the async transactional step)."""
+        return self._doc
+
+    def step_record(self, result: str) -> dict[str, Any]:
+        """The stored record of a step with ``result``, at this epoch."""
+        return self._step_record(result)
+
+    def outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
+        """The outbox writes of the current step's queued messages, and their entries."""
+        return self._outbox_changes(step)
+
+    def check_budget(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
+        """:class:`DocumentTooLarge` unless step ``name`` fits the document's budget."""
+        self._budget.check(name, result, entries)
+
+    @property
+    def current_step(self) -> str | None:
+        """The step whose function is running, if any."""
+        return self._current_step
 
     # -- what the worker uses -----------------------------------------------------
 
@@ -436,3 +488,31 @@ class Job:
             self.publish_unsent()
         except OutboxUnsent as exc:
             self._log.warning("%s; published again before the job completes", exc)
+
+
+class TransactionParts:
+    """The job side of one transactional step: its changes, and adopting a lost reply."""
+
+    def __init__(self, job: Job, name: str) -> None:
+        self.name = name
+        self.result = ""
+        self.committed: list[OutboxEntry] = []
+        """The outbox entries of the attempt that commits."""
+        self._job = job
+
+    def changes(self, value: Any) -> dict[tuple[str, ...], Any]:
+        """The step record and outbox entries of the attempt that returned ``value``."""
+        job = self._job
+        self.result = encode(self.name, value)
+        outbox, self.committed = job.outbox_changes(self.name)
+        job.check_budget(self.name, self.result, self.committed)
+        return {(s.STEPS, self.name): job.step_record(self.result), **outbox}
+
+    def adopt(self, record: JobRecord) -> bool:
+        """True if ``record`` shows this step committed at our epoch (a reply that was lost)."""
+        done = record.steps.get(self.name)
+        if done is None or done.epoch != self._job.epoch:
+            return False
+        self.result = done.result
+        self.committed = [e for e in record.outbox.values() if e.step == self.name and not e.sent]
+        return True

@@ -20,7 +20,7 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeStatus
 from .job import Job
 from .outcome import Decision, Happened, Phase
 
-__all__ = ["CallbackNacked", "MessageProxy"]
+__all__ = ["CallbackNacked", "DeferredMessageProxy", "MessageProxy"]
 
 Conclude = Callable[[Happened], Decision]
 """Decide and carry out the delivery's outcome from what happened; once per delivery."""
@@ -98,3 +98,46 @@ def _resolved(status: AcknowledgeStatus) -> concurrent.futures.Future[Acknowledg
     future: concurrent.futures.Future[AcknowledgeStatus] = concurrent.futures.Future()
     future.set_result(status)
     return future
+
+
+class DeferredMessageProxy(MessageProxy):
+    """The proxy an ``async def callback(message)`` sees: ack and nack take effect after it.
+
+    ``ack()`` and ``nack()`` are called on the event loop, where the
+    completion's writes must not run; they record what the callback asked,
+    and :meth:`finish` concludes it once the coroutine is done, on the
+    callback's thread.
+    """
+
+    def __init__(
+        self,
+        message: Any,
+        job: Any,
+        conclude: Conclude,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        super().__init__(message, job, conclude, log)
+        self._asked: Happened | None = None
+
+    def ack(self) -> None:
+        """Complete, then ack, once the callback returns."""
+        if self._asked is None:
+            self._asked = Happened(Phase.RUN)
+
+    def nack(self) -> None:
+        """Release the job for a retry once the callback returns."""
+        if self._asked is None:
+            self._asked = Happened(Phase.RUN, error=CallbackNacked("nacked"))
+
+    def modify_ack_deadline(self, seconds: int) -> None:
+        """Passes through; a heartbeat is ``await message.job.heartbeat()`` here."""
+        self._message.modify_ack_deadline(seconds)
+
+    def finish(self, raised: BaseException | None) -> None:
+        """After the coroutine ended: conclude what it asked for, or a failed attempt."""
+        if self._asked is not None:
+            if raised is not None:
+                self._log.warning("callback raised after it acked or nacked; ignored: %s", raised)
+            self.decision = self._conclude(self._asked)
+            return
+        super().finish(raised)

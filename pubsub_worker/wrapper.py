@@ -24,11 +24,12 @@ from google.cloud import firestore
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 from . import clients, runtime
+from .aio import AsyncJob, EventLoopThread
 from .flow import DeliveryFlow
 from .hooks import Hooks
 from .job import Job
-from .legacy import MessageProxy
-from .logs import job_logger
+from .legacy import DeferredMessageProxy, MessageProxy
+from .logs import JobLogger, job_logger
 from .metrics import Counter, Metrics
 from .outcome import Decision, Happened, Outcome, Phase, backoff_s, settle
 from .runtime import Runtime
@@ -52,8 +53,9 @@ class ExactlyOnce:
     ``handler(message, job)`` (steps through ``job``; returning means done) or
     an existing ``handler(message)`` that calls ``message.ack()`` /
     ``message.nack()``, which are intercepted: ack records the completion
-    and then acks, nack releases the job for a retry. ``async def`` handlers
-    are refused with :class:`TypeError` (never silently completed).
+    and then acks, nack releases the job for a retry. Either may be an
+    ``async def``: it then runs on the worker's event loop with an
+    :class:`~pubsub_worker.aio.AsyncJob` (``await job.step(...)``).
 
     Nothing is read from the environment until :meth:`start` or the first
     message; call :meth:`start` yourself to fail fast on bad settings.
@@ -73,6 +75,8 @@ class ExactlyOnce:
         _check_handler(handler)
         self._handler = handler
         self._legacy = not _takes_job(handler)
+        self._async = _is_async(handler)
+        self._loop = EventLoopThread()
         self._settings = settings
         self._firestore_client = firestore_client
         self._publisher = publisher
@@ -124,10 +128,11 @@ class ExactlyOnce:
             rt.keeper.start()
 
     def close(self) -> None:
-        """Stop the lease keeper. In-flight callbacks should have ended."""
+        """Stop the lease keeper and the event loop. In-flight callbacks should have ended."""
         with self._lock:
             if self._runtime is not None:
                 self._runtime.keeper.stop()
+        self._loop.stop()
 
     def stop_jobs(self) -> None:
         """Ask in-flight jobs to stop at their next boundary; they are released, not acked."""
@@ -199,10 +204,12 @@ class ExactlyOnce:
         self, message: Message, job: Job, conclude: Callable[[Happened], Decision]
     ) -> None:
         """Run the wrapped handler for a claimed job and conclude the delivery."""
+        log = job_logger(_LOGGER, job.key, job.message_id)
+        if self._async:
+            self._call_async(message, job, conclude, log)
+            return
         if self._legacy:
-            proxy = MessageProxy(
-                message, job, conclude, job_logger(_LOGGER, job.key, job.message_id)
-            )
+            proxy = MessageProxy(message, job, conclude, log)
             try:
                 _sync(self._handler(proxy))
             except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
@@ -212,6 +219,31 @@ class ExactlyOnce:
             return
         try:
             _sync(self._handler(message, job))
+        except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
+            conclude(Happened(Phase.RUN, error=exc))
+            return
+        conclude(Happened(Phase.RUN))
+
+    def _call_async(
+        self,
+        message: Message,
+        job: Job,
+        conclude: Callable[[Happened], Decision],
+        log: JobLogger,
+    ) -> None:
+        """Run an ``async def`` handler on the loop; this thread waits, then concludes."""
+        ajob = AsyncJob(job, self._loop.io)
+        if self._legacy:
+            proxy = DeferredMessageProxy(message, ajob, conclude, log)
+            try:
+                self._loop.run(_awaited(self._handler(proxy)))
+            except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
+                proxy.finish(exc)
+                return
+            proxy.finish(None)
+            return
+        try:
+            self._loop.run(_job_done(self._handler(message, ajob), ajob))
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             conclude(Happened(Phase.RUN, error=exc))
             return
@@ -250,17 +282,24 @@ def exactly_once(
 
 
 def _check_handler(handler: Any) -> None:
-    """Refuse what cannot be run to completion here, at wrap time."""
+    """Refuse what cannot be run, at wrap time."""
     if not callable(handler):
         raise TypeError(f"exactly_once() needs a callable, got {type(handler).__name__}")
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+
+
+def _is_async(handler: Any) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
-    ):
-        raise TypeError(
-            f"{getattr(handler, '__name__', handler)!r} is an async def handler; pubsub-worker "
-            "runs plain (sync) handlers only: its coroutine would never run. Wrap the async "
-            "work in a sync handler (asyncio.run per step) until async handlers are supported."
-        )
+    )
+
+
+async def _awaited(result: Any) -> None:
+    await result
+
+
+async def _job_done(result: Any, job: AsyncJob) -> None:
+    await result
+    await job.flush()  # publishes queued outside any step are steps: committed before completion
 
 
 def _sync(result: Any) -> None:
@@ -269,7 +308,10 @@ def _sync(result: Any) -> None:
         close = getattr(result, "close", None)
         if close is not None:
             close()
-        raise TypeError("the handler returned an awaitable; async handlers are not supported")
+        raise TypeError(
+            "the handler returned an awaitable but is not an async def: pubsub-worker tells "
+            "the two apart when it wraps the handler; declare it with async def"
+        )
 
 
 def _takes_job(handler: Handler) -> bool:

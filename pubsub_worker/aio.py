@@ -1,0 +1,225 @@
+"""``async def`` handlers: one event loop per worker, and the job they await.
+
+An async handler runs on the worker's event loop (one loop per process, in
+a named daemon thread), many jobs at once. The delivery around it is the
+same as for a sync handler: the callback thread claims the job, hands the
+coroutine to the loop, waits for it, then concludes the delivery (decide,
+write, settle) off the loop. On the loop, every store write and publish of
+a step runs in a bounded thread pool, so the loop never blocks on Firestore
+or Pub/Sub; a transactional step goes through Firestore's async client.
+
+:class:`AsyncJob` is :class:`~pubsub_worker.job.Job` awaited: the same
+fences, checked at every ``await job.*`` (``LostOwnership``,
+``ProcessingTimeout`` and ``ShuttingDown`` are raised there), the same
+records. A step whose task is cancelled while its function runs records
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from .job import Job
+from .outbox import Outgoing
+
+__all__ = ["AsyncJob", "EventLoopThread"]
+
+T = TypeVar("T")
+
+IO_THREADS = 32
+"""Threads that carry the blocking store writes and publishes of async steps."""
+
+
+class EventLoopThread:
+    """An event loop running in its own named daemon thread; idempotent start and stop."""
+
+    def __init__(self, name: str = "pubsub-worker-loop") -> None:
+        self._name = name
+        self._lock = threading.Lock()  # guards _loop, _thread, _io
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._io: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def start(self) -> asyncio.AbstractEventLoop:
+        """The running loop, started on first use."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name=self._name, daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+                self._io = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=IO_THREADS, thread_name_prefix="pubsub-worker-io"
+                )
+            return self._loop
+
+    @property
+    def io(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The bounded pool for blocking work of async steps."""
+        self.start()
+        assert self._io is not None
+        return self._io
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for it in the calling thread."""
+        loop = self.start()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop and its pool; tasks still running are cancelled."""
+        with self._lock:
+            loop, thread, io = self._loop, self._thread, self._io
+            self._loop = self._thread = self._io = None
+        if loop is None:
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout_s)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # a task that will not end: the daemon thread goes with the process
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout_s)
+        if not loop.is_running():
+            loop.close()
+        if io is not None:
+            io.shutdown(wait=False)
+
+
+class AsyncJob:
+    """The job an ``async def`` handler gets: :class:`~pubsub_worker.job.Job`, awaited.
+
+    ``await job.step(name, fn)`` takes a sync or an async ``fn``;
+    ``await job.transactional_step(name, fn)`` gives ``fn`` a
+    ``google.cloud.firestore.AsyncTransaction``; ``job.publish(...)`` is not
+    awaited (inside a step it joins the step's outbox; outside any step it
+    becomes a step of its own, committed at the next ``await job.*`` or
+    before the job completes); ``await job.heartbeat()``.
+    """
+
+    def __init__(self, job: Job, io: concurrent.futures.Executor) -> None:
+        self._job = job
+        self._io = io
+        self._deferred: list[Outgoing] = []
+
+    @property
+    def key(self) -> str:
+        """The effect key: the key attribute's value, or the message id."""
+        return self._job.key
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token: grows with every claim. Pass it to sinks that can check it."""
+        return self._job.epoch
+
+    @property
+    def attempt(self) -> int:
+        """Which claim of this job this is, from 1."""
+        return self._job.attempt
+
+    @property
+    def message_id(self) -> str:
+        """The message id of this delivery."""
+        return self._job.message_id
+
+    @property
+    def completed_steps(self) -> tuple[str, ...]:
+        """Names of the steps recorded so far (by this or an earlier owner)."""
+        return self._job.completed_steps
+
+    def idempotency_key(self, step: str) -> str:
+        """``{key}:{step}``, stable across redeliveries and owners (see ``Job``)."""
+        return self._job.idempotency_key(step)
+
+    async def step(self, name: str, fn: Callable[[], Awaitable[T] | T]) -> T:
+        """Run ``fn`` once for this job; as :meth:`pubsub_worker.Job.step`.
+
+        An async ``fn`` is awaited on the loop; a sync one runs in the worker's
+        I/O pool, so it cannot block the loop. If the task is cancelled while
+        ``fn`` runs, nothing is recorded.
+        """
+        await self._flush()
+        job = self._job
+        recorded = await self._call(job.open_step, name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
+        try:
+            if inspect.iscoroutinefunction(fn):
+                value = await fn()
+            else:
+                value = await self._call(fn)
+                if inspect.isawaitable(value):
+                    value = await value
+        finally:
+            job.leave_step()
+        return await self._call(job.record_step, name, value)
+
+    async def transactional_step(self, name: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``await fn(transaction)`` and record the step in the same Firestore transaction.
+
+        As :meth:`pubsub_worker.Job.transactional_step`, with an
+        ``AsyncTransaction`` from Firestore's async client.
+        """
+        await self._flush()
+        job = self._job
+        recorded = job.begin_step(name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
+        parts = job.transaction_parts(name)
+
+        async def body(transaction: Any) -> T:
+            job.enter_step(name)
+            try:
+                return await fn(transaction)
+            finally:
+                job.leave_step()
+
+        await job.document.transact_async(body, parts.changes, parts.adopt)
+        return await self._call(job.finish_transaction, parts)
+
+    def publish(self, topic: str, data: bytes, **attributes: str) -> None:
+        """Publish a message exactly once for this job; as :meth:`pubsub_worker.Job.publish`."""
+        job = self._job
+        if job.current_step is not None:
+            job.publish(topic, data, **attributes)
+            return
+        self._deferred.append(job.prepare(topic, data, attributes))
+
+    async def heartbeat(self) -> None:
+        """Report progress; raises ``LostOwnership`` if this delivery no longer owns the job."""
+        await self._flush()
+        await self._call(self._job.heartbeat)
+
+    async def flush(self) -> None:
+        """Commit and publish what :meth:`publish` queued outside any step."""
+        await self._flush()
+
+    async def _flush(self) -> None:
+        while self._deferred:
+            outgoing = self._deferred.pop(0)
+            name = self._job.publish_step_name()
+            await self.step(name, functools.partial(self._job.queue, outgoing))
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._io, functools.partial(fn, *args))

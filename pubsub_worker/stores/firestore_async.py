@@ -1,0 +1,90 @@
+"""Transactional steps of ``async def`` handlers, through Firestore's async client.
+
+The job's document and the business writes of ``fn(transaction)`` commit in
+one ``AsyncTransaction``, with the same rules as
+:meth:`~pubsub_worker.stores.firestore.FirestoreJobStore.transact`: the job's
+version must be the one expected (else
+:class:`~pubsub_worker.errors.VersionConflict`), ``fn`` may run again on
+contention, and the commit carries a ``write_id`` so a commit whose reply was
+lost is recognised by reading the document back. The async client is made
+once per store, on the worker's event loop, for the store's project (the
+emulator through ``FIRESTORE_EMULATOR_HOST``, as the sync client).
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+from google.cloud.firestore_v1.field_path import FieldPath
+
+from pubsub_worker.errors import StoreError, VersionConflict
+from pubsub_worker.store import WRITE_ID, Changes, Version
+from pubsub_worker.stores.firestore import FirestoreJobStore
+
+__all__ = ["transact_async"]
+
+_CLIENTS: weakref.WeakKeyDictionary[FirestoreJobStore, firestore.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+_MAX_ATTEMPTS = 5
+
+
+def _client(store: FirestoreJobStore) -> firestore.AsyncClient:
+    client = _CLIENTS.get(store)
+    if client is None:
+        client = firestore.AsyncClient(project=store.client.project)
+        _CLIENTS[store] = client
+    return client
+
+
+async def transact_async(
+    store: FirestoreJobStore,
+    doc_id: str,
+    *,
+    expected: Version,
+    body: Callable[[Any], Awaitable[Any]],
+    changes: Callable[[Any], Changes],
+) -> tuple[Any, Version | None]:
+    """Run ``await body(transaction)``, then write ``changes(result)`` to the job; all or nothing.
+
+    Returns the body's result and the job's new version (``None`` if it
+    could not be read back).
+    """
+    client = _client(store)
+    ref = client.collection(store.collection).document(doc_id)
+    write_id = uuid.uuid4().hex
+
+    @firestore.async_transactional
+    async def run(transaction: Any) -> Any:
+        snap = await ref.get(transaction=transaction)
+        if not snap.exists or snap.update_time != expected:
+            raise VersionConflict(doc_id)
+        result = await body(transaction)
+        data = {FieldPath(*path).to_api_repr(): value for path, value in changes(result).items()}
+        data[WRITE_ID] = write_id
+        transaction.update(ref, data)
+        return result
+
+    try:
+        result = await run(client.transaction(max_attempts=_MAX_ATTEMPTS))
+    except ValueError as exc:
+        if isinstance(exc.__cause__, gexc.Aborted):
+            raise StoreError(f"the transaction kept conflicting: {exc}") from exc
+        raise
+    except gexc.GoogleAPICallError as exc:
+        snap = await ref.get()
+        if snap.exists and (snap.to_dict() or {}).get(WRITE_ID) == write_id:
+            raise StoreError(
+                "the transactional step committed but its result could not be returned; "
+                "the next delivery will read it"
+            ) from exc
+        raise StoreError(f"Firestore transaction failed: {exc}") from exc
+    snap = await ref.get()
+    if not snap.exists or (snap.to_dict() or {}).get(WRITE_ID) != write_id:
+        return result, None
+    return result, snap.update_time

@@ -1,0 +1,147 @@
+"""``async def`` handlers on the in-memory store: the same outcomes, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pubsub_worker
+from pubsub_worker import store as s
+from pubsub_worker.aio import AsyncJob
+from tests.unit.test_outcome import FakeMessage, World, world
+
+__all__ = ["world"]  # the fixture, shared with the sync matrix
+
+
+def test_an_async_job_awaits_async_and_sync_steps_then_completes(
+    world: Callable[..., World],
+) -> None:
+    ran: list[str] = []
+
+    async def fetch() -> str:
+        await asyncio.sleep(0)
+        ran.append("fetch")
+        return "body"
+
+    def store_it() -> int:  # a sync step function: runs off the loop
+        ran.append(threading.current_thread().name)
+        return 7
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        body = await job.step("fetch", fetch)
+        assert body == "body"
+        assert await job.step("store", store_it) == 7
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert ran[0] == "fetch"
+    assert ran[1].startswith("pubsub-worker-io")
+    record = w.record()
+    assert record["status"] == "completed"
+    assert sorted(record["steps"]) == ["fetch", "store"]
+    assert w.deliver(FakeMessage(op="k")) == "ack"  # a redelivery runs nothing
+    assert ran[2:] == []
+
+
+def test_an_async_legacy_callback_acks_and_nacks(world: Callable[..., World]) -> None:
+    async def callback(message: Any) -> None:
+        await message.job.step("a", lambda: 1)
+        if message.data == b"nack":
+            message.nack()
+        else:
+            message.ack()
+
+    w = world(callback)
+    assert w.deliver(FakeMessage(b"ack", op="k")) == "ack"
+    assert w.record()["status"] == "completed"
+    assert w.deliver(FakeMessage(b"nack", op="n")) == "nack"
+    assert (w.record("n")["status"], w.record("n")["attempts"]) == ("released", 1)
+
+
+def test_shutdown_reaches_the_next_await(world: Callable[..., World]) -> None:
+    async def handle(message: Any, job: AsyncJob) -> None:
+        await job.step("a", lambda: 1)
+        w.wrapped.stop_jobs()
+        await job.step("b", lambda: 2)
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "nack"
+    record = w.record()
+    assert (record["status"], record["attempts"], sorted(record["steps"])) == (
+        "released",
+        0,
+        ["a"],
+    )
+
+
+def test_lost_ownership_reaches_the_next_await(world: Callable[..., World]) -> None:
+    async def handle(message: Any, job: AsyncJob) -> None:
+        await job.step("a", lambda: 1)
+        doc_id = pubsub_worker.keys.document_id(w.wrapped.settings.subscription_path, job.key)
+        snap = w.store.get(doc_id)
+        assert snap is not None
+        w.store.update(doc_id, {(s.EPOCH,): 9}, expected=snap.version)
+        await job.step("b", lambda: 2)
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "nack"
+    assert (w.record()["epoch"], w.record()["status"]) == (9, "running")
+
+
+def test_a_cancelled_step_records_nothing(world: Callable[..., World]) -> None:
+    async def cancelled() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(1)
+        return 1
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        await job.step("a", lambda: 1)
+        await job.step("b", cancelled)
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "nack"  # a failed attempt, retried
+    record = w.record()
+    assert (record["status"], sorted(record["steps"])) == ("released", ["a"])
+
+
+def test_async_publish_outside_a_step_is_a_step_of_its_own(world: Callable[..., World]) -> None:
+    async def handle(message: Any, job: AsyncJob) -> None:
+        job.publish("projects/p/topics/out", b"one")  # not awaited: committed before completion
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert sorted(w.record()["steps"]) == ["~publish.1"]
+    assert [d for t, d, _ in w.publisher.sent if t.endswith("/out")] == [b"one"]
+
+
+def test_many_async_jobs_run_at_once_on_one_loop(world: Callable[..., World]) -> None:
+    running = 0
+    most = 0
+    gate = asyncio.Event()
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        async def wait() -> str:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            if most == 20:
+                gate.set()
+            await asyncio.wait_for(gate.wait(), 10)
+            running -= 1
+            return "done"
+
+        await job.step("wait", wait)
+
+    w = world(handle, max_messages=20)
+    messages = [FakeMessage(op=f"k{n}") for n in range(20)]
+    threads = [threading.Thread(target=w.deliver, args=(m,)) for m in messages]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert most == 20  # every job was inside its step at the same time, on one loop
+    assert [m.outcome for m in messages] == ["ack"] * 20
