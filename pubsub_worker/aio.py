@@ -23,7 +23,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from .job import Job
 from .outbox import Outgoing
@@ -151,7 +151,13 @@ class AsyncJob:
         """``{key}:{step}``, stable across redeliveries and owners (see ``Job``)."""
         return self._job.idempotency_key(step)
 
-    async def step(self, name: str, fn: Callable[[], Awaitable[T] | T]) -> T:
+    @overload
+    async def step(self, name: str, fn: Callable[[], Awaitable[T]]) -> T: ...
+
+    @overload
+    async def step(self, name: str, fn: Callable[[], T]) -> T: ...
+
+    async def step(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` once for this job; as :meth:`pubsub_worker.Job.step`.
 
         An async ``fn`` is awaited on the loop; a sync one runs in the worker's
@@ -162,7 +168,7 @@ class AsyncJob:
         job = self._job
         recorded = await self._call(job.open_step, name)
         if recorded is not None:
-            return recorded.value  # type: ignore[no-any-return]
+            return recorded.value
         try:
             if inspect.iscoroutinefunction(fn):
                 value = await fn()
