@@ -8,6 +8,10 @@
 
 Settings come from ``PUBSUB_WORKER_*`` variables. A configuration or
 connection problem prints one clear line and exits 2 (no traceback).
+``replay`` prints one line per job (``replayed``, ``dry-run``, ``skipped:
+<why>`` or ``failed: <why>``, see :mod:`pubsub_worker.replay`) and exits 1
+unless every job listed was replayed; a job that changed meanwhile is one
+such line, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any
 from . import clients
 from .errors import ConfigError, PubSubWorkerError, Unreachable
 from .logs import configure
-from .replay import FailedJob, ReplayResult, list_failed, replay
+from .replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
 from .runner import run
 from .settings import Settings
+from .stores import FirestoreJobStore
 
 __all__ = ["main"]
 
@@ -63,20 +68,26 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _row(job: FailedJob) -> dict[str, Any]:
+    record = job.record
     return {
-        "key": job.key,
-        "reason": job.reason,
-        "attempts": job.attempts,
-        "failed_at": job.failed_at.isoformat() if job.failed_at else None,
-        "message_id": job.message_id,
-        "error": job.error,
-        "replayable": job.is_job and job.data is not None,
+        "key": record.key,
+        "reason": record.reason,
+        "attempts": record.attempts,
+        "failed_at": record.failed_at.isoformat() if record.failed_at else None,
+        "message_id": record.message_id,
+        "error": record.error,
+        "replayable": job.replayable,
     }
 
 
+def _store(settings: Settings) -> FirestoreJobStore:
+    """The job store the commands read and write (one write at a time: no batching needed)."""
+    return FirestoreJobStore(clients.firestore_client(settings), settings.collection)
+
+
 def _cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
-    client = clients.firestore_client(settings)
-    jobs = list(list_failed(client, settings.collection, settings.subscription_path))
+    store = _store(settings)
+    jobs = list(list_failed(store.client, store.collection, settings.subscription_path))
     if args.json:
         print(json.dumps([_row(job) for job in jobs], indent=2, ensure_ascii=False))
         return 0
@@ -93,9 +104,9 @@ def _cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     if not args.all and not args.key:
         raise ConfigError("replay: give --all or at least one --key")
-    client = clients.firestore_client(settings)
+    store = _store(settings)
     jobs = list(
-        list_failed(client, settings.collection, settings.subscription_path, keys=args.key or ())
+        list_failed(store.client, store.collection, settings.subscription_path, keys=args.key or ())
     )
     topic = args.topic and settings.topic_path(args.topic)
     if not topic:
@@ -114,16 +125,16 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         print(f"[{index}/{total}] {result.job.key}: {result.outcome}", flush=True)
 
     results = replay(
-        client,
-        settings.collection,
+        store,
         jobs,
         topic=topic,
         publish=publish,
         key_attribute=settings.key_attribute,
         dry_run=args.dry_run,
         progress=progress,
+        timeout_s=settings.ack_timeout_seconds,
     )
-    done = sum(1 for r in results if r.outcome in ("replayed", "dry-run"))
+    done = sum(1 for r in results if r.kind in (ReplayOutcome.REPLAYED, ReplayOutcome.DRY_RUN))
     print(f"replayed {done} of {total} job(s) to {topic}")
     return 0 if done == total else 1
 
