@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from emulator import Emulators, SubscriptionHandle, TcpProxy
-from tests.chaos.conftest import LEASE_S
+from tests.chaos.conftest import BOTH_FLAVOURS, LEASE_S
 from tests.support.gate import Gate
 from tests.support.observe import (
     acks,
@@ -45,6 +45,7 @@ def kill(*workers: Worker) -> None:
         worker.kill()
 
 
+@BOTH_FLAVOURS
 def test_sigkill_in_step_b_of_three_resumes_at_step_b(
     publisher: Any,
     subscriber: Any,
@@ -69,6 +70,7 @@ def test_sigkill_in_step_b_of_three_resumes_at_step_b(
     assert acks(second, message_id) == ["SUCCESS"]
 
 
+@BOTH_FLAVOURS
 def test_callback_paused_past_its_lease_can_neither_commit_nor_ack(
     emulators: Emulators,
     publisher: Any,
@@ -142,6 +144,7 @@ def test_callback_paused_past_its_lease_can_neither_commit_nor_ack(
     assert_not_redelivered(subscriber, sub_path, lease_s=LEASE_S)
 
 
+@BOTH_FLAVOURS
 def test_sigkill_after_completion_before_ack_acks_without_running(
     publisher: Any,
     subscriber: Any,
@@ -182,6 +185,7 @@ def test_sigkill_after_completion_before_ack_acks_without_running(
     assert_not_redelivered(subscriber, sub_path, lease_s=LEASE_S)
 
 
+@BOTH_FLAVOURS
 def test_one_key_published_twice_to_one_worker_is_processed_once(
     publisher: Any,
     subscriber: Any,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from emulator import SubscriptionHandle
+from tests.chaos.conftest import BOTH_FLAVOURS
 from tests.support.observe import acks, collect, deliveries, job_document, nacks, number
 from tests.support.processes import Effects
 
@@ -35,6 +36,7 @@ def attempts(effects: Effects) -> list[tuple[int, int]]:
         pytest.param("permanent", "permanent", 1, id="permanent-error-1-attempt"),
     ],
 )
+@BOTH_FLAVOURS
 def test_failing_job_goes_to_the_failure_topic_once_and_is_acked(
     scenario: str,
     reason: str,

@@ -136,7 +136,9 @@ def test_completion_commit_across_a_firestore_partition_lands_once(
         firestore_link.blackhole(True)
         gate.release()  # step c ends, the completion commit goes into the partition
         # The commit timed out, and so did the read that settles it: the partition covers both.
-        worker.wait_for_log('"message": "Firestore get failed (504 Deadline Exceeded)', 30)
+        worker.wait_for_log(
+            '"message": "Firestore get failed (504 Deadline Exceeded)', timeout_s=30
+        )
         if held_bytes == "lost":
             firestore_link.cut()
         firestore_link.blackhole(False)
@@ -184,7 +186,9 @@ def test_completion_commit_delayed_past_its_timeout_lands_once(
     )
     with job_locked(firestore_client, job):
         gate.release()  # step c ends; the completion commit waits for the lock
-        worker.wait_for_log('"message": "Firestore update failed (504 Deadline Exceeded)', 30)
+        worker.wait_for_log(
+            '"message": "Firestore update failed (504 Deadline Exceeded)', timeout_s=30
+        )
     worker.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=30)
     worker.kill()
     assert_completed_once(

@@ -46,10 +46,12 @@ class Worker:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout_s)
 
-    def wait_for_log(self, text: str, timeout_s: float = 30) -> None:
+    def wait_for_log(self, text: str, *more: str, timeout_s: float = 30) -> None:
+        """Wait until the log holds ``text`` (or any of ``more``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if text in self.log():
+            log = self.log()
+            if any(t in log for t in (text, *more)):
                 return
             if self.process.poll() is not None:
                 raise AssertionError(f"worker exited ({self.process.returncode}):\n{self.log()}")

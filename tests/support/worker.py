@@ -22,6 +22,8 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows); only the steps in
                     ``CHAOS_SLEEP_STEPS`` and epochs in ``CHAOS_SLEEP_EPOCHS`` if set (commas)
 ``CHAOS_HEARTBEAT`` ``1``: a sleeping step calls ``job.heartbeat()`` every 0.2 s
+``CHAOS_ASYNC``     ``1``: the ``async def`` version of the scenario (``steps``,
+                    ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``legacy``)
 ``CHAOS_GATES``     comma-separated points (``step:NAME``, or ``end`` after the last step of
                     ``steps``) where this worker holds, once per
                     test, until the test releases it (:mod:`tests.support.gate`)
@@ -38,6 +40,7 @@ message ID`` (logger ``chaos``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -48,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pubsub_worker
+from pubsub_worker.aio import AsyncJob
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.logs import configure
 from tests.support import gate
@@ -62,6 +66,7 @@ KILL_AT = _env("CHAOS_KILL_AT")
 SCENARIO = _env("CHAOS_SCENARIO", "steps")
 SLEEP_S = float(_env("CHAOS_STEP_SLEEP_S", "0") or 0)
 HEARTBEAT = _env("CHAOS_HEARTBEAT") == "1"
+ASYNC = _env("CHAOS_ASYNC") == "1"
 SLEEP_STEPS = frozenset(name for name in _env("CHAOS_SLEEP_STEPS").split(",") if name)
 SLEEP_EPOCHS = frozenset(int(n) for n in _env("CHAOS_SLEEP_EPOCHS").split(",") if n)
 GATES = frozenset(point for point in _env("CHAOS_GATES").split(",") if point)
@@ -273,11 +278,97 @@ HANDLERS: dict[str, Callable[..., None]] = {
 }
 
 
+# -- the same scenarios as ``async def`` handlers (``CHAOS_ASYNC=1``) ---------------
+
+
+async def _astep(job: AsyncJob, name: str) -> str:
+    async def run() -> str:
+        maybe_die(f"step:{name}")
+        if f"step:{name}" in GATES:
+            await asyncio.to_thread(gate.hold, EFFECTS, f"step:{name}")
+        if SLEEP_S and _sleeps(name, job.epoch):
+            deadline = time.monotonic() + SLEEP_S
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                if HEARTBEAT:
+                    await job.heartbeat()
+        effect(name, job.key, job.epoch, flavour="async")
+        return f"{name}-done"
+
+    return await job.step(name, run)
+
+
+async def ahandle_steps(message: Any, job: AsyncJob) -> None:
+    for name in ("a", "b", "c"):
+        await _astep(job, name)
+    if "end" in GATES:
+        await asyncio.to_thread(gate.hold, EFFECTS, "end")
+
+
+async def ahandle_always_fail(message: Any, job: AsyncJob) -> None:
+    effect("attempt", job.key, job.epoch, attempt=job.attempt, flavour="async")
+    raise RuntimeError("this job always fails")
+
+
+async def ahandle_permanent(message: Any, job: AsyncJob) -> None:
+    effect("attempt", job.key, job.epoch, attempt=job.attempt, flavour="async")
+    raise pubsub_worker.PermanentError("payload can never be processed")
+
+
+async def ahandle_outbox(message: Any, job: AsyncJob) -> None:
+    topic = _env("CHAOS_OUTPUT_TOPIC")
+
+    async def produce() -> str:
+        effect("produce", job.key, job.epoch, flavour="async")
+        job.publish(topic, b"output:" + message.data, source="chaos")
+        return "produced"
+
+    await job.step("produce", produce)
+
+
+async def ahandle_transactional(message: Any, job: AsyncJob) -> None:
+    from google.cloud import firestore
+
+    collection = _env("CHAOS_SINK_COLLECTION")
+    topic = _env("CHAOS_OUTPUT_TOPIC")
+    if "async_firestore" not in _CLIENTS:
+        _CLIENTS["async_firestore"] = firestore.AsyncClient()
+    client = _CLIENTS["async_firestore"]
+    if "step:write" in GATES:
+        await asyncio.to_thread(gate.hold, EFFECTS, "step:write")
+
+    async def write(transaction: Any) -> str:
+        ref = client.collection(collection).document()
+        transaction.set(ref, {"key": job.key, "epoch": job.epoch, "pid": os.getpid()})
+        if topic:
+            job.publish(topic, b"output:" + message.data, source="chaos")
+        return str(ref.id)
+
+    await job.transactional_step("write", write)
+    effect("write", job.key, job.epoch, flavour="async")
+
+
+async def ahandle_legacy(message: Any) -> None:
+    effect("legacy", message.message_id, 0, flavour="async")
+    message.ack()
+
+
+ASYNC_HANDLERS: dict[str, Callable[..., Any]] = {
+    "steps": ahandle_steps,
+    "always_fail": ahandle_always_fail,
+    "permanent": ahandle_permanent,
+    "outbox": ahandle_outbox,
+    "transactional": ahandle_transactional,
+    "legacy": ahandle_legacy,
+}
+
+
 def main() -> int:
     configure("json", logging.INFO)
     logging.getLogger("google").setLevel(logging.WARNING)
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)
-    return pubsub_worker.run(HANDLERS[SCENARIO], hooks=ChaosHooks(), **_store_options())
+    handler = ASYNC_HANDLERS[SCENARIO] if ASYNC else HANDLERS[SCENARIO]
+    return pubsub_worker.run(handler, hooks=ChaosHooks(), **_store_options())
 
 
 _CHAOS_LOG = logging.getLogger("chaos")
