@@ -6,7 +6,7 @@ Stored layout (owned here; field names are the constants below)::
       key                  str            the effect key, for humans (at most 1 KiB shown)
       subscription         str            full subscription path
       status               str            running | released | completed | failed
-      epoch                int            fencing token: +1 on every successful claim
+      epoch                int            fencing token: +1 on every successful claim and replay
       owner                str            worker id (host/pid/random) of the current claim
       message_id           str            message id of the owning delivery
       delivery             str            digest of the owning delivery's ack id
@@ -138,7 +138,8 @@ class Status(str, Enum):
     """Where a job stands."""
 
     RUNNING = "running"
-    """Claimed by ``owner`` at ``epoch`` until ``lease_expires_at``."""
+    """Claimed by ``owner`` at ``epoch`` while its lease is live: ``lease_seconds`` after the
+    document's last update, on the server's clock."""
     RELEASED = "released"
     """Given back after a retryable failure or a shutdown; the next delivery claims it."""
     COMPLETED = "completed"
@@ -280,7 +281,11 @@ class JobStore(Protocol):
     """
 
     def get(self, doc_id: str) -> Snapshot | None:
-        """The document, or ``None`` when it does not exist."""
+        """The document, or ``None`` when it does not exist.
+
+        A store with a clock of its own (Firestore's) fills the snapshot's
+        ``read_time`` and ``update_time``; leases are judged on them.
+        """
         ...
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
