@@ -51,8 +51,8 @@ pytestmark = [pytest.mark.emulator, pytest.mark.chaos]
 
 SKEW_S = 60
 """How far the skewed worker's wall clock is off, either way."""
-STEP_SLEEP_S = 5
-"""Each step of the live owner takes this long: a commit every 5 s keeps a 10 s lease live."""
+STEP_SLEEP_S = 6
+"""Each step of the live owner takes this long: a commit every 6 s keeps a 10 s lease live."""
 TAKE_OVER_BOUND_S = LEASE_S + 25
 """A frozen owner's job is completed by the rescuer within this long of the owner's last write.
 
@@ -141,7 +141,7 @@ def test_a_skewed_clock_never_takes_a_live_job_over(
 ) -> None:
     """A duplicate of a running job reaches the other worker while the owner makes progress.
 
-    The owner runs three 5 s steps; each commit renews its 10 s lease. Its
+    The owner runs three 6 s steps; each commit renews its 10 s lease. Its
     Pub/Sub connection is blackholed once it has the message, so the
     duplicate (same key, same payload, new message id) and later the
     redelivery of the first message can only reach the other worker. That
