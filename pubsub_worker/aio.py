@@ -169,16 +169,17 @@ class AsyncJob:
         recorded = await self._call(job.open_step, name)
         if recorded is not None:
             return recorded.value
-        try:
-            if inspect.iscoroutinefunction(fn):
-                value = await fn()
-            else:
-                value = await self._call(fn)
-                if inspect.isawaitable(value):
-                    value = await value
-        finally:
-            job.leave_step()
-        return await self._call(job.record_step, name, value)
+        with job.measured(name):
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    value = await fn()
+                else:
+                    value = await self._call(fn)
+                    if inspect.isawaitable(value):
+                        value = await value
+            finally:
+                job.leave_step()
+            return await self._call(job.record_step, name, value)
 
     async def transactional_step(self, name: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``await fn(transaction)`` and record the step in the same Firestore transaction.
@@ -200,8 +201,9 @@ class AsyncJob:
             finally:
                 job.leave_step()
 
-        await job.document.transact_async(body, parts.changes, parts.adopt)
-        return await self._call(job.finish_transaction, parts)
+        with job.measured(name):
+            await job.document.transact_async(body, parts.changes, parts.adopt)
+            return await self._call(job.finish_transaction, parts)
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> None:
         """Publish a message exactly once for this job; as :meth:`pubsub_worker.Job.publish`."""

@@ -66,6 +66,8 @@ class ClaimRequest:
     retention_s: float
     superseded: Callable[[str, str], bool]
     """``superseded(message_id, delivery)``: this process knows a newer delivery exists."""
+    trace_parent: str | None = None
+    """The delivery's span context, stored with a new job so later deliveries link to it."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
         s.FIRST_SEEN_AT: now,
         s.UPDATED_AT: now,
         s.EXPIRE_AT: now + timedelta(seconds=request.retention_s),
+        **({s.TRACE_PARENT: request.trace_parent} if request.trace_parent else {}),
     }
 
 

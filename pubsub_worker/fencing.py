@@ -55,6 +55,7 @@ class FencedDocument:
         version: Version,
         lease_s: float,
         on_lost: Callable[[str], LostOwnership],
+        on_rejected: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._doc_id = doc_id
@@ -62,6 +63,7 @@ class FencedDocument:
         self._delivery = delivery
         self._lease_s = lease_s
         self._on_lost = on_lost
+        self._on_rejected = on_rejected
         self._lock = threading.RLock()  # guards _version, _pending, _last_write
         self._version: Version | None = version
         self._pending: dict[tuple[str, ...], Any] = {}
@@ -216,8 +218,16 @@ class FencedDocument:
             self._last_write = time.monotonic()
 
     def resettle(self) -> Version:
-        """Read the job: if it is still ours, its version; else :class:`LostOwnership`."""
-        return self.read_own()[1]
+        """Read the job: if it is still ours, its version; else :class:`LostOwnership`.
+
+        Called after a conditional write was refused: a refusal by another
+        owner is a rejected stale commit (counted by ``on_rejected``).
+        """
+        try:
+            return self.read_own()[1]
+        except LostOwnership:
+            self._on_rejected()
+            raise
 
     def read_own(self) -> tuple[JobRecord, Version]:
         """The job as read, with its version, if it is still ours; else :class:`LostOwnership`."""

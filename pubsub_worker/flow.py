@@ -24,10 +24,10 @@ from .job import Job
 from .keys import JobIdentity, derive_identity
 from .lease import Ticket
 from .logs import JobLogger, job_logger
-from .metrics import Counter
+from .metrics import Counter, Histogram
 from .outcome import Decision, Happened, Outcome, Phase, decide, settle
 from .runtime import Runtime
-from .tracing import span
+from .tracing import DeliveryTrace
 
 __all__ = ["BUSY_WAIT_S", "DeliveryFlow", "RunHandler"]
 
@@ -46,6 +46,8 @@ _WRITE_PHASE = {
     Outcome.REVIEW: Phase.REVIEW,
 }
 _ACKING = (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW)
+_FINE = (Outcome.ACK, Outcome.COMPLETE, Outcome.RUN)
+_ERROR_TYPES = {Outcome.DROP: "LostOwnership", Outcome.NACK: "LostOwnership"}
 
 
 class DeliveryFlow:
@@ -68,6 +70,8 @@ class DeliveryFlow:
         self._log = log
         self._identity: JobIdentity | None = None
         self._job: Job | None = None
+        self._started = time.monotonic()
+        self.trace = DeliveryTrace(message, rt.settings.subscription_path)
         self.decision: Decision | None = None
 
     def run(self, seen: bool) -> None:
@@ -109,6 +113,7 @@ class DeliveryFlow:
             lease_s=settings.lease_seconds,
             retention_s=settings.retention_days * 86400.0,
             superseded=rt.tracker.superseded,
+            trace_parent=self.trace.trace_parent(),
         )
         redelivery = seen or (message.delivery_attempt or 1) > 1
         give_up = time.monotonic() + min(BUSY_WAIT_S, settings.lease_seconds)
@@ -142,28 +147,31 @@ class DeliveryFlow:
             version=result.version,
             context=rt.context,
             log=self._log,
+            trace=self.trace,
         )
         self._job = job
         rt.keeper.attach(self._ticket, job, identity.key)
-        attributes = {
-            "messaging.message.id": message.message_id,
-            "pubsub_worker.epoch": job.epoch,
-        }
-        with span("pubsub_worker.job", **attributes):
-            try:
-                job.publish_unsent()  # earlier owners' entries go out before anything else
-            except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
-                self.conclude(Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED))
-                return
-            first = decide(
-                Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
-                attempts=job.attempt,
-                max_attempts=settings.max_attempts,
-            )
-            if first.outcome is not Outcome.RUN:
-                self.carry_out(first)
-                return
-            self._run_handler(message, job, self.conclude)
+        self.trace.claimed(
+            key=identity.key,
+            epoch=job.epoch,
+            generation=self._delivery.generation,
+            attempt=job.attempt,
+            first=result.record.trace_parent,
+        )
+        try:
+            job.publish_unsent()  # earlier owners' entries go out before anything else
+        except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
+            self.conclude(Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED))
+            return
+        first = decide(
+            Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
+            attempts=job.attempt,
+            max_attempts=settings.max_attempts,
+        )
+        if first.outcome is not Outcome.RUN:
+            self.carry_out(first)
+            return
+        self._run_handler(message, job, self.conclude)
 
     def conclude(self, happened: Happened) -> Decision:
         """Decide the outcome of what happened and carry it out; the first call wins."""
@@ -212,6 +220,18 @@ class DeliveryFlow:
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if decision.outcome not in _ACKING:
             rt.hooks.settled(message_id, decision.outcome.value, None)
+        error_type = None if decision.outcome in _FINE else decision.error_type
+        self.trace.ended(decision.outcome.value, error_type or _ERROR_TYPES.get(decision.outcome))
+        rt.metrics.observe(
+            Histogram.PROCESS_DURATION,
+            time.monotonic() - self._started,
+            **{
+                "messaging.system": "gcp_pubsub",
+                "messaging.destination.subscription.name": rt.settings.subscription_path,
+                "pubsub_worker.outcome": decision.outcome.value,
+                **({"error.type": error_type} if error_type else {}),
+            },
+        )
         return decision
 
     def _write(self, decision: Decision) -> None:
@@ -237,6 +257,14 @@ class DeliveryFlow:
         else:
             job.release(decision.error, count_attempt=outcome is Outcome.RETRY)
 
+    def _lost_phase(self, decision: Decision) -> str:
+        """Where ownership was lost: receipt, renewal, step_commit (acks: in ``settle``)."""
+        if self._delivery.lost.is_set():
+            return "renewal"
+        if decision.phase in (Phase.RECEIPT, Phase.GATE, Phase.CLAIM):
+            return "receipt"
+        return "step_commit"
+
     def _count(self, decision: Decision) -> None:
         metrics, log, job = self._rt.metrics, self._log, self._job
         outcome = decision.outcome
@@ -251,7 +279,7 @@ class DeliveryFlow:
             metrics.inc(Counter.RETRIED)
             log.warning("%s", decision.why)
         elif outcome in (Outcome.NACK, Outcome.DROP):
-            metrics.inc(Counter.LOST_OWNERSHIP)
+            metrics.inc(Counter.LOST_OWNERSHIP, phase=self._lost_phase(decision))
             stale = "nacked for redelivery" if outcome is Outcome.NACK else "stale, dropped"
             log.info("%s; %s without ack", decision.why, stale)
         elif outcome is Outcome.DEFER:

@@ -19,8 +19,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -37,10 +38,11 @@ from .errors import (
 from .fencing import FencedDocument
 from .hooks import Hooks
 from .keys import JobIdentity
-from .metrics import Counter, Metrics
+from .metrics import Counter, Histogram, Metrics
 from .outbox import Outgoing, check_outgoing, entry_changes, escape, unsent
 from .records import Budget, Recorded, check_step_name, encode
 from .store import JobRecord, JobStore, OutboxEntry, Status, Version
+from .tracing import DeliveryTrace
 
 __all__ = ["Job", "JobContext", "Publish"]
 
@@ -86,8 +88,10 @@ class Job:
         version: Version,
         context: JobContext,
         log: logging.LoggerAdapter[logging.Logger],
+        trace: DeliveryTrace | None = None,
     ) -> None:
         self._identity = identity
+        self._trace = trace
         self._delivery = delivery
         self._ctx = context
         self._log = log
@@ -104,6 +108,7 @@ class Job:
             version=version,
             lease_s=context.lease_s,
             on_lost=self._lose,
+            on_rejected=lambda: context.metrics.inc(Counter.STALE_COMMITS),
         )
         self._current_step: str | None = None
         self._step_outbox: list[Outgoing] = []
@@ -169,11 +174,12 @@ class Job:
         recorded = self.open_step(name)
         if recorded is not None:
             return recorded.value  # type: ignore[no-any-return]
-        try:
-            value = fn()
-        finally:
-            self.leave_step()
-        return self.record_step(name, value)  # type: ignore[no-any-return]
+        with self.measured(name):
+            try:
+                value = fn()
+            finally:
+                self.leave_step()
+            return self.record_step(name, value)  # type: ignore[no-any-return]
 
     def transactional_step(self, name: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(transaction)`` and record the step in the same Firestore transaction.
@@ -203,8 +209,9 @@ class Job:
             finally:
                 self.leave_step()
 
-        self._doc.transact(body, parts.changes, parts.adopt)
-        return self.finish_transaction(parts)  # type: ignore[no-any-return]
+        with self.measured(name):
+            self._doc.transact(body, parts.changes, parts.adopt)
+            return self.finish_transaction(parts)  # type: ignore[no-any-return]
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> None:
         """Publish a message exactly once for this job.
@@ -270,6 +277,20 @@ class Job:
             self._doc.write()  # the previous step's record is durable before this step runs
         self.enter_step(name)
         return None
+
+    @contextmanager
+    def measured(self, name: str) -> Iterator[None]:
+        """A step's span (under the delivery's) and its duration, around its run and record."""
+        start = time.monotonic()
+        trace = self._trace
+        with trace.step(name) if trace is not None else nullcontext():
+            yield
+        self._ctx.metrics.observe(Histogram.STEP_DURATION, time.monotonic() - start, step=name)
+
+    @property
+    def unsent_count(self) -> int:
+        """Committed outbox entries not published yet."""
+        return len(self._unsent)
 
     def enter_step(self, name: str) -> None:
         """From now on, :meth:`publish` queues messages for step ``name``."""

@@ -67,6 +67,9 @@ class TrackedJob(Protocol):
     last_progress: float
     abandoned: threading.Event
 
+    @property
+    def unsent_count(self) -> int: ...
+
 
 @dataclass(eq=False)
 class Ticket:
@@ -165,6 +168,12 @@ class LeaseKeeper:
         """Messages in the worker's hands: waiting or running."""
         with self._lock:
             return len(self._tickets)
+
+    def unsent(self) -> int:
+        """Committed outbox entries of the jobs in flight that are not published yet."""
+        with self._lock:
+            jobs = [t.job for t in self._tickets if t.job is not None]
+        return sum(job.unsent_count for job in jobs)
 
     def oldest_age_s(self) -> float:
         """Age in seconds of the oldest message in the worker's hands (since publish), or 0."""

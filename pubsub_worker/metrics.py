@@ -14,7 +14,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-__all__ = ["Counter", "Metrics"]
+__all__ = ["BUCKETS_S", "Counter", "Histogram", "HistogramSnapshot", "Metrics"]
 
 
 class Counter(str, Enum):
@@ -58,6 +58,37 @@ class Counter(str, Enum):
     """Attempts to send a message to the failure path that failed (it is deferred, not lost)."""
     STALLED = "stalled"
     """Deliveries given up after a lease without progress (Pub/Sub redelivers them)."""
+    STALE_COMMITS = "stale_commits"
+    """Conditional writes of this worker rejected because another owner holds the job now."""
+
+
+class Histogram(str, Enum):
+    """Durations, in seconds. Each member is one histogram (OpenTelemetry name in the value)."""
+
+    PROCESS_DURATION = "messaging.process.duration"
+    """One delivery in the wrapper, from the callback's start to its settlement."""
+    STEP_DURATION = "pubsub_worker.step.duration"
+    """One step that ran (its function and its record)."""
+
+
+BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Histogram bucket bounds, in seconds (OpenTelemetry's explicit buckets, and Prometheus')."""
+
+
+class HistogramSnapshot:
+    """Counts per bucket (cumulative bounds in :data:`BUCKETS_S`, then +Inf), sum and count."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS_S) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def add(self, value: float) -> None:
+        """Count one observation."""
+        index = next((i for i, bound in enumerate(BUCKETS_S) if value <= bound), len(BUCKETS_S))
+        self.counts[index] += 1
+        self.sum += value
+        self.count += 1
 
 
 class Metrics:
@@ -67,7 +98,12 @@ class Metrics:
         self._lock = threading.Lock()  # guards _counts
         self._counts: dict[Counter, int] = dict.fromkeys(Counter, 0)
         self._gauges: dict[str, Callable[[], float]] = {}
+        self._descriptions: dict[str, str] = {}
+        self._histograms: dict[Histogram, HistogramSnapshot] = {
+            h: HistogramSnapshot() for h in Histogram
+        }
         self._otel: dict[Counter, Any] = {}
+        self._otel_histograms: dict[Histogram, Any] = {}
         try:
             from opentelemetry import metrics as otel_metrics  # noqa: PLC0415
         except ImportError:
@@ -78,6 +114,13 @@ class Metrics:
                 self._otel[counter] = self._meter.create_counter(
                     f"pubsub_worker.{counter.value}", description=counter.__doc__ or ""
                 )
+            for histogram in Histogram:
+                self._otel_histograms[histogram] = self._meter.create_histogram(
+                    histogram.value,
+                    unit="s",
+                    description=histogram.__doc__ or "",
+                    explicit_bucket_boundaries_advisory=list(BUCKETS_S),
+                )
 
     def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
         """Add ``amount`` to ``counter``."""
@@ -87,9 +130,32 @@ class Metrics:
         if instrument is not None:
             instrument.add(amount, attributes)
 
+    def observe(self, histogram: Histogram, seconds: float, **attributes: str) -> None:
+        """Record one duration in ``histogram``."""
+        with self._lock:
+            self._histograms[histogram].add(seconds)
+        instrument = self._otel_histograms.get(histogram)
+        if instrument is not None:
+            instrument.record(seconds, attributes)
+
+    def histogram(self, histogram: Histogram) -> HistogramSnapshot:
+        """A copy of one histogram's counts."""
+        with self._lock:
+            source = self._histograms[histogram]
+            copy = HistogramSnapshot()
+            copy.counts, copy.sum, copy.count = list(source.counts), source.sum, source.count
+        return copy
+
+    def gauges(self) -> dict[str, tuple[float, str]]:
+        """Every gauge's current value and description."""
+        return {
+            name: (read(), self._descriptions.get(name, "")) for name, read in self._gauges.items()
+        }
+
     def gauge(self, name: str, read: Callable[[], float], description: str) -> None:
         """Register a gauge whose value ``read()`` returns when observed."""
         self._gauges[name] = read
+        self._descriptions[name] = description
         if self._meter is not None:
             from opentelemetry.metrics import CallbackOptions, Observation  # noqa: PLC0415
 

@@ -33,6 +33,7 @@ defers or drops a Pub/Sub message.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,10 @@ class Decision:
     """Error text to record on a release or failure."""
     delay_s: float = 0.0
     """``NACK``/``RETRY``/``RELEASE``/``DEFER``: seconds until the message comes back."""
+    phase: Phase | None = None
+    """The phase the delivery reached (for metrics and logs)."""
+    error_type: str | None = None
+    """What ended the delivery, low cardinality (an exception class name), if not success."""
 
 
 def backoff_s(tries: int) -> float:
@@ -176,6 +181,16 @@ def decide(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
     ``attempts`` is the job's own claim counter (0 before a claim),
     ``max_attempts`` the ``MAX_ATTEMPTS`` setting.
     """
+    decision = _decide(happened, attempts, max_attempts)
+    error = happened.error
+    return dataclasses.replace(
+        decision,
+        phase=happened.phase,
+        error_type=type(error).__name__ if error is not None else None,
+    )
+
+
+def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
     phase, error = happened.phase, happened.error
     lost = Outcome.NACK if happened.current else Outcome.DROP
     tries = max(attempts, 1)
@@ -311,6 +326,7 @@ def _ack(
             answer = error.error_code.name
             if error.error_code in LOST_STATUSES:
                 metrics.inc(Counter.ACKS_LOST)
+                metrics.inc(Counter.LOST_OWNERSHIP, phase="ack")
                 log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
             else:
                 metrics.inc(Counter.ACK_ERRORS)

@@ -88,6 +88,13 @@ def build(
     metrics.gauge(
         "oldest_unacked_age_s", keeper.oldest_age_s, "Age of the oldest message in flight"
     )
+    slots = settings.max_messages
+    metrics.gauge(
+        "utilization",
+        lambda: min(keeper.watched() / slots, 1.0),
+        "Messages in the worker's hands / MAX_MESSAGES: the signal to autoscale on",
+    )
+    metrics.gauge("outbox_pending", keeper.unsent, "Committed outbox entries not yet published")
     retention_s = settings.retention_days * 86400.0
     context = JobContext(
         store=store,

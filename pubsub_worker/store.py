@@ -31,6 +31,7 @@ Stored layout (owned here; field names are the constants below)::
       replayed_at          timestamp      when ``pubsub-worker replay`` last reset the job
       expire_at            timestamp      retention, refreshed by every claim; point a
                                           Firestore TTL policy at it
+      trace_parent         str            W3C traceparent of the job's first delivery (links spans)
       write_id             str            id of the last write, to settle unknown outcomes
 
 A store offers three primitives and nothing else; every decision (claim,
@@ -87,6 +88,7 @@ __all__ = [
     "STATUS",
     "STEPS",
     "SUBSCRIPTION",
+    "TRACE_PARENT",
     "UPDATED_AT",
     "WRITE_ID",
     "AlreadyExists",
@@ -125,6 +127,7 @@ COMPLETED_AT = "completed_at"
 FAILED_AT = "failed_at"
 REPLAYED_AT = "replayed_at"
 EXPIRE_AT = "expire_at"
+TRACE_PARENT = "trace_parent"
 WRITE_ID = "write_id"
 
 Version: TypeAlias = object
@@ -210,6 +213,8 @@ class JobRecord:
     """Original message attributes of a failed record; ``None`` when they are unreadable."""
     failed_at: datetime | None = None
     replayed_at: datetime | None = None
+    trace_parent: str | None = None
+    """The first delivery's span context (W3C ``traceparent``), linked by later ones."""
 
     @classmethod
     def parse(cls, fields: Mapping[str, Any]) -> JobRecord:
@@ -251,6 +256,7 @@ class JobRecord:
             attributes=_parse_attributes(fields.get(ATTRIBUTES)),
             failed_at=fields.get(FAILED_AT),
             replayed_at=fields.get(REPLAYED_AT),
+            trace_parent=fields.get(TRACE_PARENT),
         )
 
 

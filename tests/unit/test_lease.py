@@ -20,6 +20,7 @@ class FakeJob:
     def __init__(self) -> None:
         self.last_progress = T0
         self.abandoned = threading.Event()
+        self.unsent_count = 0
 
 
 class FakeMessage:

@@ -195,6 +195,7 @@ class FakeMessage:
         self.publish_time = datetime.now(timezone.utc)
         self.delivery_attempt: int | None = None
         self.exactly_once_enabled = True
+        self.opentelemetry_data: object | None = None
         self.actions: list[str] = []
 
     def ack_with_response(self) -> Future[Any]:

@@ -1,0 +1,159 @@
+"""Spans and metrics by the messaging conventions, read back through OpenTelemetry's SDK.
+
+A scenario on the in-memory store with a completed job, a retry, a lost
+ownership and a failure, then the exporter's spans and the reader's metrics
+are checked: one process span per delivery (or the client's own, when its
+tracing is on), a span per step under it, the job's deliveries linked, and
+the histograms and counters with their attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import pubsub_worker
+from pubsub_worker import store as s
+from tests.unit.test_outcome import SUB, FakeMessage, World, world
+
+__all__ = ["world"]
+
+_EXPORTER = InMemorySpanExporter()
+_READER = InMemoryMetricReader()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sdk() -> None:
+    """The SDK's in-memory exporter and reader as the global providers (once per process)."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    _EXPORTER.clear()
+
+
+def process_spans() -> list[ReadableSpan]:
+    return [span for span in _EXPORTER.get_finished_spans() if span.name == "jobs process"]
+
+
+def points(name: str) -> list[Any]:
+    data = _READER.get_metrics_data()
+    assert data is not None
+    found: list[Any] = []
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    found.extend(metric.data.data_points)
+    return found
+
+
+def test_a_process_span_per_delivery_with_a_span_per_step(world: Callable[..., World]) -> None:
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+        job.step("b", lambda: 2)
+
+    w = world(handle)
+    message = FakeMessage(op="k")
+    message.delivery_attempt = 1
+    assert w.deliver(message) == "ack"
+
+    (span,) = process_spans()
+    attributes = dict(span.attributes or {})
+    assert span.kind is trace.SpanKind.CONSUMER
+    assert attributes["messaging.system"] == "gcp_pubsub"
+    assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.destination.subscription.name"] == SUB
+    assert attributes["messaging.message.id"] == message.message_id
+    assert attributes["messaging.gcp_pubsub.message.delivery_attempt"] == 1
+    assert (attributes["pubsub_worker.job.key"], attributes["pubsub_worker.job.epoch"]) == ("k", 1)
+    assert attributes["pubsub_worker.outcome"] == "complete"
+    assert "error.type" not in attributes
+    steps = [x for x in _EXPORTER.get_finished_spans() if x.name.startswith("step ")]
+    assert [x.name for x in steps] == ["step a", "step b"]
+    assert all(x.parent is not None and x.parent.span_id == span.context.span_id for x in steps)
+
+
+def test_deliveries_of_one_job_are_linked_and_errors_typed(world: Callable[..., World]) -> None:
+    def flaky(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+        if job.attempt == 1:
+            raise ValueError("first attempt fails")
+
+    w = world(flaky)
+    assert w.deliver(FakeMessage(op="k")) == "nack"
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+
+    first, second = process_spans()
+    assert dict(first.attributes or {})["error.type"] == "ValueError"
+    assert dict(first.attributes or {})["pubsub_worker.outcome"] == "retry"
+    assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    assert w.record()["trace_parent"].split("-")[2] == f"{first.context.span_id:016x}"
+
+
+def test_a_lost_ownership_and_a_failure_are_counted_by_phase(world: Callable[..., World]) -> None:
+    def stolen(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+        snap = w.store.get(job.identity.doc_id)
+        assert snap is not None
+        w.store.update(job.identity.doc_id, {(s.EPOCH,): 5}, expected=snap.version)
+        job.step("b", lambda: 2)
+
+    def permanent(message: Any, job: pubsub_worker.Job) -> None:
+        raise pubsub_worker.PermanentError("never")
+
+    w = world(stolen)
+    assert w.deliver(FakeMessage(op="k")) == "nack"
+    other = world(permanent)
+    assert other.deliver(FakeMessage(op="p")) == "ack"
+
+    (lost, failed) = process_spans()
+    assert dict(lost.attributes or {})["error.type"] == "LostOwnership"
+    assert dict(failed.attributes or {})["error.type"] == "PermanentError"
+    by_phase = {
+        dict(p.attributes)["phase"]: p.value for p in points("pubsub_worker.lost_ownership")
+    }
+    assert by_phase.get("step_commit", 0) >= 1
+    assert sum(p.value for p in points("pubsub_worker.stale_commits")) >= 1
+    assert {dict(p.attributes).get("reason") for p in points("pubsub_worker.failed")} >= {
+        "permanent"
+    }
+    durations = points("messaging.process.duration")
+    outcomes = {dict(p.attributes)["pubsub_worker.outcome"] for p in durations}
+    assert {"nack", "review"} <= outcomes
+    assert all(p.count >= 1 and p.sum >= 0 for p in durations)
+    assert sum(p.count for p in points("pubsub_worker.step.duration")) >= 1
+    assert w.wrapped.metrics.snapshot()["utilization"] == 0.0  # nothing in hand any more
+
+
+def test_the_clients_own_process_span_is_used_not_duplicated(world: Callable[..., World]) -> None:
+    """With the client's tracing on, its ``process`` span is current: no second one."""
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+
+    w = world(handle)
+    message = FakeMessage(op="k")
+    message.opentelemetry_data = object()  # what the client sets when its tracing is on
+    tracer = trace.get_tracer("google.cloud.pubsub_v1")
+    with tracer.start_as_current_span("jobs process") as client_span:
+        assert w.deliver(message) == "ack"
+
+    (span,) = process_spans()
+    assert span.context.span_id == client_span.get_span_context().span_id
+    assert dict(span.attributes or {})["pubsub_worker.job.key"] == "k"
+    (step,) = [x for x in _EXPORTER.get_finished_spans() if x.name == "step a"]
+    assert step.parent is not None
+    assert step.parent.span_id == span.context.span_id
