@@ -53,13 +53,15 @@ SKEW_S = 60
 """How far the skewed worker's wall clock is off, either way."""
 STEP_SLEEP_S = 6
 """Each step of the live owner takes this long: a commit every 6 s keeps a 10 s lease live."""
-TAKE_OVER_BOUND_S = LEASE_S + 25
+TAKE_OVER_BOUND_S = LEASE_S + 40
 """A frozen owner's job is completed by the rescuer within this long of the owner's last write.
 
-One lease until the job and the message come back, plus start-up and
-delivery slack; judged on the wall clock, the take-over could not come
-before ``LEASE_S + SKEW_S``.
+One lease until the job and the message come back, one deferral (10 s) if
+the message came back a moment before the lease ran out, plus start-up and
+delivery slack on a loaded machine. Judged on the wall clock, the take-over
+could not come before ``LEASE_S + SKEW_S``.
 """
+assert TAKE_OVER_BOUND_S < LEASE_S + SKEW_S
 
 _LIBFAKETIME = "libfaketime.so.1"
 _INSTALL = "apt-get install -y faketime"
@@ -116,8 +118,8 @@ def received(worker: Worker, message_id: str, timeout_s: float = 60) -> float:
 
 
 def assert_off_by(offset_s: float, expected_s: int) -> None:
-    """The worker's clock was ``expected_s`` off ours (the log line was read up to 2 s late)."""
-    assert expected_s - 3 <= offset_s <= expected_s + 1, (offset_s, expected_s)
+    """The worker's clock was ``expected_s`` off ours (we may read its log line a little late)."""
+    assert expected_s - 10 <= offset_s <= expected_s + 2, (offset_s, expected_s)
 
 
 @pytest.mark.parametrize(
