@@ -1,17 +1,32 @@
-"""One consumer run, in its own process: ``python -m benchmarks.consumer CONFIG_JSON``.
+"""One consumer process: ``python -m benchmarks.consumer CONFIG_JSON``.
 
-The orchestrator (:mod:`benchmarks.run`) starts one of these per scenario and
-repeat, so the peak RSS and CPU time measured here are this consumer's own.
-Protocol, one JSON object per line on stdout::
+The orchestrator (:mod:`benchmarks.fleet`) starts one of these per process of
+a run, so the peak RSS and CPU time measured here are this consumer's own.
+It decides nothing about phases: it subscribes on ``go`` and reports every
+message it finished; the orchestrator knows which messages it published in
+which phase and when a phase is complete (across all processes of a fleet).
 
-    -> {"event": "ready"}        clients built and warmed; waiting for "go" on stdin
-    <- go
-    -> {"event": "drained", ...} the backlog is processed (throughput phase over)
-       (the orchestrator now publishes the paced messages)
-    -> {"event": "result", ...}  every message processed; the process exits
+Protocol, one JSON object per line (``->`` stdout, ``<-`` stdin)::
 
-Messages carry an attribute ``phase`` (``backlog`` or ``paced``). Only the
-first completion of each message id counts; redeliveries are reported.
+    -> {"event": "ready", ...}        clients built and warmed
+    <- go                             subscribe
+    -> {"event": "mark", "name": "start", ...}   CPU, RPC counts, RSS at the start
+    -> {"event": "progress", "done": [...], ...} every 50 ms: messages finished since
+    <- mark NAME                      the orchestrator closes a phase
+    -> {"event": "mark", "name": NAME, ...}
+    <- exit
+    -> {"event": "result", ...}       the wrapper's metrics; then the process exits
+
+A finished message is ``[message_id, start, end, done, publish_wall, done_wall]``:
+the callback's start and end and the moment its ack was answered, on the
+machine's monotonic clock (shared by every process, so a fleet's times
+compare), and publish and ack times on the wall clock for latency. For the
+stock EOD callback ``done`` is its end (it awaits the ack); for the wrapper it
+is the ack's answer, which arrives after the callback returned (the wrapper
+sends its ack without waiting: the message keeps its flow-control slot until
+the answer). A plain ``ack()`` without exactly-once has no answer: ``done`` is
+the callback's end. The process exits on ``exit`` or when stdin closes (the
+orchestrator died).
 """
 
 from __future__ import annotations
@@ -23,9 +38,11 @@ import resource
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
@@ -39,100 +56,120 @@ from benchmarks.scenarios import SCENARIOS, Scenario
 
 __all__ = ["ConsumerConfig", "main"]
 
-# The same channel options the library's subscriber uses (large EOD error trailers).
-_CHANNEL_OPTIONS = [("grpc.max_metadata_size", 4 * 1024 * 1024)]
+# The channel options of the library's subscriber (large EOD error trailers; no 4 MiB cap on
+# a streaming pull response, which a few 1 MB messages exceed), for stock and wrapped alike.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_metadata_size", 4 * 1024 * 1024),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+_FLUSH_S = 0.05
+_ACKING = frozenset({"complete", "ack", "review"})
 
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """What one consumer run does."""
+    """What one consumer process does."""
 
     scenario: str
     subscription: str
     project: str
     collection: str
-    backlog: int
-    paced: int
     concurrency: int
-    timeout_s: float
-
-
-@dataclass
-class _Sample:
-    phase: str
-    publish_wall: float
-    start: float
-    end: float
-    end_wall: float
+    """``--concurrency``: flow control and threads of ``fixed`` scenarios without their own."""
+    index: int = 0
+    """This process's place in the fleet (for logs)."""
 
 
 class _Recorder:
-    """Collects one sample per message id; signals when a phase is complete."""
+    """Times each delivery; hands finished ones to the flusher. Thread-safe."""
 
-    def __init__(self, backlog: int, paced: int) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()  # guards everything below
-        self._samples: dict[str, _Sample] = {}
-        self._wanted = {"backlog": backlog, "paced": paced}
-        self._done = {"backlog": 0, "paced": 0}
+        self._open: dict[str, list[float]] = {}  # message id -> [start, end, publish_wall]
+        self._finished: list[list[Any]] = []
         self.callbacks = 0
-        self.repeats = 0
-        self.first_start: float | None = None
-        self.last_backlog_end = 0.0
-        self.drained = threading.Event()
-        self.finished = threading.Event()
-        if backlog == 0:
-            self.drained.set()
-        if paced == 0:
-            self.finished.set()
+        self.ack_failures = 0
+        self.outcomes: Counter[str] = Counter()
 
-    def started(self, start: float) -> None:
+    def started(self, message_id: str, publish_wall: float | None) -> None:
+        now = time.monotonic()
         with self._lock:
             self.callbacks += 1
-            if self.first_start is None:
-                self.first_start = start
+            self._open[message_id] = [now, 0.0, publish_wall or 0.0]
 
-    def record(self, message: Message, start: float) -> None:
-        end = time.perf_counter()
-        end_wall = time.time()
-        phase = message.attributes.get("phase", "backlog")
-        publish_wall = message.publish_time.timestamp()
+    def noted(self, message: Message) -> None:
+        """The publish time, for a path whose callback this module cannot wrap (``run()``)."""
         with self._lock:
-            if message.message_id in self._samples:
-                self.repeats += 1
+            entry = self._open.get(message.message_id)
+            if entry is not None:
+                entry[2] = message.publish_time.timestamp()
+
+    def ended(self, message_id: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._open.get(message_id)
+            if entry is not None and not entry[1]:
+                entry[1] = now
+
+    def acked(self, message_id: str) -> None:
+        """The ack of ``message_id`` was answered with success: the message is done."""
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            entry = self._open.pop(message_id, None)
+            if entry is None:
                 return
-            self._samples[message.message_id] = _Sample(phase, publish_wall, start, end, end_wall)
-            self._done[phase] += 1
-            if phase == "backlog":
-                self.last_backlog_end = max(self.last_backlog_end, end)
-                if self._done[phase] >= self._wanted[phase]:
-                    self.drained.set()
-            elif self._done[phase] >= self._wanted[phase]:
-                self.finished.set()
+            start, end, publish_wall = entry
+            self._finished.append([message_id, start, end or now, now, publish_wall, wall])
 
-    def samples(self, phase: str) -> list[_Sample]:
+    def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
+        """The wrapper carried an outcome out; only an answered ack finishes the message."""
         with self._lock:
-            return [s for s in self._samples.values() if s.phase == phase]
+            self.outcomes[outcome] += 1
+            if outcome in _ACKING and answer != "SUCCESS":
+                self.ack_failures += 1
+        if outcome in _ACKING and answer == "SUCCESS":
+            self.acked(message_id)
+        elif outcome not in _ACKING:
+            with self._lock:
+                self._open.pop(message_id, None)  # it comes back as a new delivery
 
-    def done(self) -> dict[str, int]:
+    def take(self) -> list[list[Any]]:
         with self._lock:
-            return dict(self._done)
+            out, self._finished = self._finished, []
+            return out
 
 
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    ordered = sorted(values)
+class _Capturing(pubsub_v1.SubscriberClient):  # type: ignore[misc]
+    """A subscriber that keeps the future of its last ``subscribe``, to read its load."""
 
-    def pick(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    future: Any = None
 
-    return {
-        "mean": sum(ordered) / len(ordered),
-        "p50": pick(0.50),
-        "p90": pick(0.90),
-        "p99": pick(0.99),
-        "max": ordered[-1],
-    }
+    def subscribe(self, *args: Any, **kwargs: Any) -> Any:
+        future = super().subscribe(*args, **kwargs)
+        self.future = future
+        return future
+
+
+def _leased(subscriber: _Capturing) -> int:
+    """Messages the client holds right now (received, not yet settled): its leaser's count.
+
+    Privates of the stock client (the future keeps its manager name-mangled),
+    read for the report only; 0 if they moved.
+    """
+    manager = getattr(subscriber.future, "_StreamingPullFuture__manager", None)
+    leaser = getattr(manager, "leaser", None)
+    return int(getattr(leaser, "message_count", 0) or 0)
+
+
+_OUT_LOCK = threading.Lock()  # one JSON object per line, whichever thread writes
+
+
+def _emit(event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with _OUT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def _cpu_s() -> float:
@@ -140,18 +177,23 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _memory_mb(field: str) -> float:
+    """``VmHWM`` (peak) or ``VmRSS`` (now) of this process, MB.
+
+    Not ``ru_maxrss``: Linux carries that over from the parent across fork
+    and exec, so a consumer would report the orchestrator's size.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
-def _emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-def _subscriber(host: str, counter: RpcCounter) -> pubsub_v1.SubscriberClient:
-    channel = counter.intercept(grpc.insecure_channel(host, options=_CHANNEL_OPTIONS))
-    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+    return _memory_mb("VmHWM")
 
 
 def _firestore_client(project: str, counter: RpcCounter) -> Any:
@@ -168,132 +210,181 @@ def _firestore_client(project: str, counter: RpcCounter) -> Any:
     return client
 
 
-def _callback(
-    scenario: Scenario,
-    config: ConsumerConfig,
-    subscriber: pubsub_v1.SubscriberClient,
-    firestore_counter: RpcCounter,
-) -> tuple[Callable[[Message], None], Any]:
-    """The callback under test and, for wrapped scenarios, the ``ExactlyOnce`` object."""
-    if scenario.kind == "stock-ack":
-        return (lambda message: message.ack()), None
-    if scenario.kind == "stock-eod":
+class _Consumer:
+    """The clients, the callback under test and the subscription, for one process."""
 
-        def eod(message: Message) -> None:
-            message.ack_with_response().result(timeout=60)
+    def __init__(self, config: ConsumerConfig) -> None:
+        self.config = config
+        self.scenario: Scenario = SCENARIOS[config.scenario]
+        self.recorder = _Recorder()
+        self.pubsub_counter = RpcCounter()
+        self.firestore_counter = RpcCounter()
+        host = os.environ["PUBSUB_EMULATOR_HOST"]
+        channel = self.pubsub_counter.intercept(
+            grpc.insecure_channel(host, options=_CHANNEL_OPTIONS)
+        )
+        self.subscriber = _Capturing(transport=SubscriberGrpcTransport(channel=channel))
+        self.subscriber.get_subscription(request={"subscription": config.subscription}, timeout=30)
+        self.wrapped: Any = None
+        self.callback = self._build()
+        self._leased_peak = 0
+        self._lock = threading.Lock()  # guards _leased_peak
 
-        return eod, None
-    from benchmarks.handlers import build_wrapped  # noqa: PLC0415
+    def _build(self) -> Callable[[Message], None]:
+        recorder, kind = self.recorder, self.scenario.kind
+        if kind in ("stock-ack", "stock-eod"):
 
-    client = _firestore_client(config.project, firestore_counter)
-    wrapped = build_wrapped(
-        scenario,
-        subscription=config.subscription,
-        project=config.project,
-        collection=config.collection,
-        concurrency=config.concurrency,
-        firestore_client=client,
-        subscriber=subscriber,
-    )
-    return wrapped, wrapped
+            def stock(message: Message) -> None:
+                recorder.started(message.message_id, message.publish_time.timestamp())
+                if kind == "stock-ack":
+                    message.ack()
+                else:
+                    message.ack_with_response().result(timeout=60)
+                recorder.ended(message.message_id)
+                recorder.acked(message.message_id)
+
+            return stock
+        from benchmarks.handlers import build_wrapped  # noqa: PLC0415
+        from pubsub_worker import Hooks  # noqa: PLC0415
+
+        in_run = kind == "run"
+
+        class BenchHooks(Hooks):
+            def received(self, message_id: str) -> None:
+                if in_run:  # run() owns the callback: its start is the wrapper's first hook
+                    recorder.started(message_id, None)
+
+            def before_ack(self, key: str | None, message_id: str) -> None:
+                if in_run:
+                    recorder.ended(message_id)
+
+            def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
+                recorder.settled(message_id, outcome, answer)
+
+        config = self.config
+        self.wrapped = build_wrapped(
+            self.scenario,
+            subscription=config.subscription,
+            project=config.project,
+            collection=config.collection,
+            firestore_client=_firestore_client(config.project, self.firestore_counter),
+            subscriber=self.subscriber,
+            hooks=BenchHooks(),
+            note=recorder.noted if in_run else None,
+        )
+        wrapped = self.wrapped
+
+        def timed(message: Message) -> None:
+            recorder.started(message.message_id, message.publish_time.timestamp())
+            wrapped(message)
+            recorder.ended(message.message_id)
+
+        return timed
+
+    def subscribe(self) -> None:
+        """Start consuming, the way the scenario says."""
+        scenario, config = self.scenario, self.config
+        if scenario.subscribe == "run":
+            import pubsub_worker  # noqa: PLC0415
+
+            thread = threading.Thread(
+                target=pubsub_worker.run,
+                args=(self.wrapped,),
+                kwargs={
+                    "settings": self.wrapped.settings,
+                    "subscriber": self.subscriber,
+                    "stop": threading.Event(),
+                },
+                name="bench-run",
+                daemon=True,
+            )
+            thread.start()
+        elif scenario.subscribe == "default":
+            self.subscriber.subscribe(config.subscription, callback=self.callback)
+        else:
+            size = scenario.in_flight(config.concurrency)
+            executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="bench")
+            self.subscriber.subscribe(
+                config.subscription,
+                callback=self.callback,
+                flow_control=pubsub_v1.types.FlowControl(max_messages=size),
+                scheduler=ThreadScheduler(executor),
+            )
+
+    def flush_forever(self) -> None:
+        """Every 50 ms: the messages finished since, and how many the client holds.
+
+        With nothing finished it still reports once a second, so that a stall
+        shows what the client holds.
+        """
+        last = 0.0
+        while True:
+            time.sleep(_FLUSH_S)
+            leased = _leased(self.subscriber)
+            if self.wrapped is not None and self.scenario.subscribe == "run":
+                leased = max(leased, self.wrapped.in_flight())
+            with self._lock:
+                self._leased_peak = max(self._leased_peak, leased)
+            done = self.recorder.take()
+            if done or time.monotonic() - last >= 1.0:
+                last = time.monotonic()
+                _emit(
+                    "progress",
+                    done=done,
+                    leased=leased,
+                    callbacks=self.recorder.callbacks,
+                    ack_failures=self.recorder.ack_failures,
+                )
+
+    def mark(self, name: str) -> None:
+        """The counters now; the orchestrator takes differences between marks."""
+        with self._lock:
+            peak, self._leased_peak = self._leased_peak, 0
+        _emit(
+            "mark",
+            name=name,
+            at=time.monotonic(),
+            cpu_s=_cpu_s(),
+            pubsub=self.pubsub_counter.snapshot(),
+            firestore=self.firestore_counter.snapshot(),
+            peak_rss_mb=_peak_rss_mb(),
+            leased_peak=peak,
+        )
+
+    def result(self) -> None:
+        metrics = self.wrapped.metrics.snapshot() if self.wrapped is not None else {}
+        _emit(
+            "result",
+            metrics=metrics,
+            callbacks=self.recorder.callbacks,
+            ack_failures=self.recorder.ack_failures,
+            outcomes=dict(self.recorder.outcomes),
+            peak_rss_mb=_peak_rss_mb(),
+        )
 
 
 def run(config: ConsumerConfig) -> None:
-    """Run one scenario end to end; see the module docstring for the protocol."""
-    scenario = SCENARIOS[config.scenario]
-    host = os.environ["PUBSUB_EMULATOR_HOST"]
-    pubsub_counter = RpcCounter()
-    firestore_counter = RpcCounter()
-    subscriber = _subscriber(host, pubsub_counter)
-    subscriber.get_subscription(request={"subscription": config.subscription}, timeout=30)
-    target, wrapped = _callback(scenario, config, subscriber, firestore_counter)
-    recorder = _Recorder(config.backlog, config.paced)
-
-    def callback(message: Message) -> None:
-        start = time.perf_counter()
-        recorder.started(start)
-        target(message)
-        recorder.record(message, start)
-
-    rss_ready = _peak_rss_mb()
-    _emit("ready", rss_mb=rss_ready)
-    if sys.stdin.readline().strip() != "go":
-        return
-
-    before = (pubsub_counter.snapshot(), firestore_counter.snapshot(), _cpu_s())
-    executor = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="bench")
-    started = time.perf_counter()
-    streaming = subscriber.subscribe(
-        config.subscription,
-        callback=callback,
-        flow_control=pubsub_v1.types.FlowControl(max_messages=config.concurrency),
-        scheduler=ThreadScheduler(executor),
-    )
-    deadline = started + config.timeout_s
-    ok = recorder.drained.wait(max(deadline - time.perf_counter(), 0))
-    after = (pubsub_counter.snapshot(), firestore_counter.snapshot(), _cpu_s())
-    first = recorder.first_start or started
-    elapsed = max(recorder.last_backlog_end - first, 1e-9)
-    backlog = recorder.samples("backlog")
-    _emit(
-        "drained",
-        ok=ok,
-        done=recorder.done(),
-        elapsed_s=elapsed,
-        startup_s=first - started,
-        msgs_per_s=len(backlog) / elapsed,
-        cpu_s=after[2] - before[2],
-        pubsub=_delta(before[0], after[0]),
-        firestore=_delta(before[1], after[1]),
-        service_ms=_percentiles([(s.end - s.start) * 1000 for s in backlog]),
-        # Share of the callback slots busy in a callback: below 1, messages came too slowly.
-        occupancy=sum(s.end - s.start for s in backlog) / (elapsed * config.concurrency),
-    )
-    if ok:
-        ok = recorder.finished.wait(max(deadline - time.perf_counter(), 0))
-    paced = recorder.samples("paced")
-    metrics = wrapped.metrics.snapshot() if wrapped is not None else {}
-    if wrapped is not None and metrics.get("completed", 0) < config.backlog + config.paced:
-        ok = False  # a callback returned without completing its job (nacked, failed, lost)
-    _emit(
-        "result",
-        ok=ok,
-        done=recorder.done(),
-        callbacks=recorder.callbacks,
-        repeats=recorder.repeats,
-        latency_ms=_percentiles([(s.end_wall - s.publish_wall) * 1000 for s in paced]),
-        paced_service_ms=_percentiles([(s.end - s.start) * 1000 for s in paced]),
-        peak_rss_mb=_peak_rss_mb(),
-        rss_ready_mb=rss_ready,
-        metrics=metrics,
-    )
-    streaming.cancel()
-    try:
-        streaming.result(timeout=10)
-    except Exception:  # noqa: BLE001, S110 - the measurement is already out
-        pass
-    if wrapped is not None:
-        wrapped.close()
-    subscriber.close()
-
-
-def _delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kind in ("calls", "items"):
-        out[kind] = {
-            name: after[kind].get(name, 0) - before[kind].get(name, 0)
-            for name in after[kind]
-            if after[kind].get(name, 0) != before[kind].get(name, 0)
-        }
-    return out
+    """Serve the protocol of the module docstring until ``exit`` or end of input."""
+    consumer = _Consumer(config)
+    _emit("ready", rss_mb=_memory_mb("VmRSS"), pid=os.getpid())
+    for raw in sys.stdin:
+        command = raw.strip()
+        if command == "go":
+            consumer.mark("start")
+            consumer.subscribe()
+            threading.Thread(target=consumer.flush_forever, name="bench-flush", daemon=True).start()
+        elif command.startswith("mark "):
+            consumer.mark(command.removeprefix("mark "))
+        elif command == "exit":
+            consumer.result()
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one JSON argument, the :class:`ConsumerConfig`."""
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    config = ConsumerConfig(**json.loads(args[0]))
-    run(config)
+    run(ConsumerConfig(**json.loads(args[0])))
     sys.stdout.flush()
     return 0
 

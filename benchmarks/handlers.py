@@ -1,14 +1,15 @@
-"""The wrapped callbacks under test (imported only by wrapped scenarios)."""
+"""The wrapped callbacks under test (imported only by scenarios that use the wrapper)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 from benchmarks.scenarios import Scenario
-from pubsub_worker import ExactlyOnce, Job, Settings
+from pubsub_worker import ExactlyOnce, Hooks, Job, Settings
 from pubsub_worker.store import JobStore
 from pubsub_worker.stores import FirestoreJobStore
 
@@ -16,15 +17,25 @@ __all__ = ["STEP_NAMES", "build_wrapped"]
 
 STEP_NAMES = ("fetch", "transform", "store")
 
+Note = Callable[[Message], None]
+"""Called with each message a handler sees (``run()`` gives no other place to see it)."""
 
-def _handler(steps: int) -> Any:
+
+def _handler(steps: int, note: Note | None) -> Any:
     names = STEP_NAMES[:steps]
 
     def handle(message: Message, job: Job) -> None:
+        if note is not None:
+            note(message)
         for name in names:
             job.step(name, lambda: len(message.data))
 
     return handle
+
+
+def _legacy(message: Message) -> None:
+    """The stock EOD scenario's callback, unchanged: what a team has before the one line."""
+    message.ack_with_response().result(timeout=60)
 
 
 def _store(scenario: Scenario, client: Any, collection: str) -> JobStore | None:
@@ -43,23 +54,25 @@ def build_wrapped(
     subscription: str,
     project: str,
     collection: str,
-    concurrency: int,
     firestore_client: Any,
     subscriber: pubsub_v1.SubscriberClient,
+    hooks: Hooks,
+    note: Note | None = None,
 ) -> ExactlyOnce:
-    """An ``ExactlyOnce`` callback, started (settings read, EOD checked, clients warm)."""
-    settings = Settings(
-        subscription=subscription,
-        project=project,
-        collection=collection,
-        max_messages=concurrency,
-    )
+    """An ``ExactlyOnce`` callback, started (settings read, EOD checked, clients warm).
+
+    Settings are the library's defaults apart from where to work: in
+    particular ``MAX_MESSAGES`` stays 10, which only ``run()`` reads.
+    """
+    settings = Settings(subscription=subscription, project=project, collection=collection)
+    handler = _legacy if scenario.kind == "legacy" else _handler(scenario.steps, note)
     wrapped = ExactlyOnce(
-        _handler(scenario.steps),
+        handler,
         settings=settings,
         firestore_client=firestore_client,
         store=_store(scenario, firestore_client, collection),
         subscriber=subscriber,
+        hooks=hooks,
     )
     wrapped.start()
     firestore_client.collection(collection).document("warm-up").get(timeout=30)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.scenarios import SCENARIOS
+from benchmarks.targets import evaluate
 
 __all__ = ["BEGIN", "END", "render_markdown", "summarize", "write_markdown"]
 
@@ -21,11 +24,7 @@ output; it is rewritten on every run.
 
 """
 
-
-def _column(rows: Sequence[dict[str, Any]], key: str, sub: str | None = None) -> list[float]:
-    """``row[key]`` (or ``row[key][sub]``) of each row, skipping missing values."""
-    values = (row[key] if sub is None else row[key][sub] for row in rows)
-    return [float(v) for v in values if v is not None]
+Run = dict[str, Any]
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -40,36 +39,133 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+def _values(runs: Sequence[Run], get: Callable[[Run], float | None]) -> list[float]:
+    out = []
+    for run in runs:
+        try:
+            value = get(run)
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+        if value is not None:
+            out.append(float(value))
+    return out
+
+
+def backlog(run: Run) -> dict[str, Any]:
+    """The run's throughput phase."""
+    phase: dict[str, Any] = run["phases"]["backlog"]
+    return phase
+
+
+def consumer_cpu_ms(run: Run) -> float:
+    """CPU of every consumer process of the run, ms per backlog message."""
+    phase = backlog(run)
+    return float(sum(phase["consumer_cpu_s"]) * 1000 / phase["messages"])
+
+
+def _rss_per_1000(run: Run) -> float | None:
+    """Peak RSS growth per 1,000 messages the client held (None below 100 held: noise)."""
+    held = max(backlog(run)["leased_peak"])
+    if held < 100:
+        return None
+    grown = max(p - r for p, r in zip(run["peak_rss_mb"], run["rss_ready_mb"], strict=True))
+    return float(grown * 1000 / held)
+
+
+def paired(runs: Sequence[Run], name: str, other: str, get: Callable[[Run], float]) -> list[float]:
+    """``get(name) / get(other)`` within each repeat where both runs are good."""
+    by_repeat = {r["repeat"]: r for r in runs if r["scenario"] == other and r["ok"]}
+    out = []
+    for run in runs:
+        if run["scenario"] != name or not run["ok"] or run["repeat"] not in by_repeat:
+            continue
+        try:
+            base = get(by_repeat[run["repeat"]])
+            out.append(get(run) / base)
+        except (KeyError, ZeroDivisionError):
+            continue
+    return out
+
+
 def summarize(
-    runs: Sequence[dict[str, Any]], scenarios: Sequence[str], baseline: str
+    runs: Sequence[Run], scenarios: Sequence[str], concurrency: int
 ) -> dict[str, dict[str, Any]]:
-    """Per scenario: medians (and ranges) over its repeats; ratios against ``baseline``."""
-    base = {r["repeat"]: r["msgs_per_s"] for r in runs if r["scenario"] == baseline and r["ok"]}
+    """Per scenario: medians (and ranges) over its repeats; ratios against its baseline."""
     out: dict[str, dict[str, Any]] = {}
     for name in scenarios:
+        scenario = SCENARIOS[name]
         mine = [r for r in runs if r["scenario"] == name]
         good = [r for r in mine if r["ok"]]
-        ratios = [r["msgs_per_s"] / base[r["repeat"]] for r in good if base.get(r["repeat"])]
+        base = scenario.baseline
         out[name] = {
             "runs": len(mine),
             "failed": len(mine) - len(good),
-            "msgs_per_s": _spread(_column(good, "msgs_per_s")),
-            "ratio_vs_baseline": _spread(ratios),
-            "firestore_rpcs_per_msg": _median(_column(good, "firestore_rpcs_per_msg")),
-            "firestore_writes_per_msg": _median(_column(good, "firestore_writes_per_msg")),
-            "pubsub_rpcs_per_msg": _median(_column(good, "pubsub_rpcs_per_msg")),
-            "latency_p50_ms": _median(_column(good, "latency_ms", "p50")),
-            "latency_p99_ms": _median(_column(good, "latency_ms", "p99")),
-            "service_mean_ms": _median(_column(good, "service_ms", "mean")),
-            "occupancy": _median(_column(good, "occupancy")),
-            "peak_rss_mb": _median(_column(good, "peak_rss_mb")),
+            "stalls": [r["stalled"] or r["error"] for r in mine if not r["ok"]],
+            "baseline": base,
+            "processes": scenario.processes,
+            "in_flight_limit": scenario.in_flight(concurrency),
+            "threads": scenario.threads(concurrency),
+            "msgs_per_s": _spread(_values(good, lambda r: backlog(r)["msgs_per_s"])),
+            "ratio_vs_baseline": _spread(
+                paired(runs, name, base, lambda r: backlog(r)["msgs_per_s"])
+            ),
+            "firestore_rpcs_per_msg": _median(
+                _values(good, lambda r: backlog(r)["firestore_rpcs_per_msg"])
+            ),
+            "firestore_writes_per_msg": _median(
+                _values(good, lambda r: backlog(r)["firestore_writes_per_msg"])
+            ),
+            "pubsub_rpcs_per_msg": _median(
+                _values(good, lambda r: backlog(r)["pubsub_rpcs_per_msg"])
+            ),
+            "lone_firestore_rpcs_per_msg": _median(
+                _values(good, lambda r: r["phases"]["lone"]["firestore_rpcs_per_msg"])
+            ),
+            "lone_latency_p50_ms": _median(
+                _values(good, lambda r: r["phases"]["lone"]["latency_ms"]["p50"])
+            ),
+            "latency_p50_ms": _median(
+                _values(good, lambda r: r["phases"]["paced"]["latency_ms"]["p50"])
+            ),
+            "latency_p99_ms": _median(
+                _values(good, lambda r: r["phases"]["paced"]["latency_ms"]["p99"])
+            ),
+            "callback_mean_ms": _median(_values(good, lambda r: backlog(r)["callback_ms"]["mean"])),
+            "slot_mean_ms": _median(_values(good, lambda r: backlog(r)["slot_ms"]["mean"])),
+            "occupancy": _median(_values(good, lambda r: backlog(r)["occupancy"])),
             "cpu_ms_per_msg": {
-                part: _median(_column(good, "cpu_ms_per_msg", part))
-                for part in ("consumer", "firestore_emulator", "pubsub_emulator")
+                "consumer": _median(_values(good, consumer_cpu_ms)),
+                "firestore_emulator": _median(
+                    _values(
+                        good,
+                        lambda r: (
+                            backlog(r)["firestore_emulator_s"] * 1000 / backlog(r)["messages"]
+                        ),
+                    )
+                ),
+                "pubsub_emulator": _median(
+                    _values(
+                        good,
+                        lambda r: backlog(r)["pubsub_emulator_s"] * 1000 / backlog(r)["messages"],
+                    )
+                ),
             },
-            "machine_busy": _median(_column(good, "machine_busy")),
-            "other_load_cores": _median(_column(good, "other_load_cores")),
-            "redeliveries": sum(int(r["repeats_seen"]) for r in mine),
+            "cpu_ratio_vs_baseline": _median(paired(runs, name, base, consumer_cpu_ms)),
+            "machine_busy": _median(_values(good, lambda r: backlog(r)["machine_busy"])),
+            "other_load_cores": _median(_values(good, lambda r: backlog(r)["other_load_cores"])),
+            "peak_rss_mb": _median(_values(good, lambda r: max(r["peak_rss_mb"]))),
+            "leased_peak": _median(_values(good, lambda r: max(backlog(r)["leased_peak"]))),
+            "rss_per_1000_mb": _median(_values(good, _rss_per_1000)),
+            "process_share": _median(
+                _values(
+                    good,
+                    lambda r: (
+                        min(backlog(r)["per_process_msgs"]) / max(backlog(r)["per_process_msgs"])
+                    ),
+                )
+            ),
+            "redeliveries": sum(int(r.get("redeliveries", 0)) for r in mine),
+            "ack_failures": sum(int(r.get("ack_failures", 0)) for r in mine),
         }
     return out
 
@@ -95,13 +191,8 @@ def _range(spread: dict[str, float | None], digits: int = 0, pct: bool = False) 
     return text
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    """The generated section: settings, the main table and the CPU breakdown."""
-    options = report["options"]
-    machine = report["machine"]
-    versions = report["versions"]
-    summary: dict[str, dict[str, Any]] = report["summary"]
-    labels: dict[str, str] = report["scenarios"]
+def _header(report: dict[str, Any]) -> list[str]:
+    options, machine, versions = report["options"], report["machine"], report["versions"]
     emulators = ", ".join(
         f"{name} {versions[name]}"
         for name in ("Pub/Sub emulator", "Firestore emulator", "Google Cloud CLI")
@@ -112,60 +203,128 @@ def render_markdown(report: dict[str, Any]) -> str:
         for name in ("google-cloud-pubsub", "google-cloud-firestore", "grpcio")
         if name in versions
     )
-    lines = [
-        BEGIN,
-        "",
-        f"- Command: `{report['command']}` ({report['duration_s']:.0f} s)",
+    return [
+        f"- Command: `{report['command']}` ({report['duration_s'] / 60:.1f} min)",
         f"- Date: {report['date']}",
         f"- Machine: {machine['cpus']} cores ({machine['cpu_model']}), shared with other "
         f"work; Python {machine['python']}, {machine['platform']}",
         f"- Emulators: {emulators}",
-        f"- Clients: {clients}",
-        f"- Per run: a fresh subscription; {options['messages']} messages published first "
-        f"(throughput: first callback to last ack), then {options['paced']} published at "
-        f"{options['rate']:g}/s (latency: publish time to ack done); "
-        f"{options['concurrency']} callback threads and flow control "
-        f"`max_messages={options['concurrency']}` in every scenario; each consumer in its own "
-        f"process. {options['repeats']} repeat(s), interleaved, order rotated; medians, "
-        "(min-max) over repeats; the ratio is taken within each repeat.",
-        "",
-        "| scenario | msg/s | vs stock EOD | Firestore RPCs/msg | p50 latency ms "
-        "| p99 latency ms | peak RSS MB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"- Clients: {clients}; pubsub_worker at {report.get('code', '?')}",
+        f"- Per run: a fresh subscription; {options['messages']} messages of 256 bytes "
+        "published first (throughput: first callback to last ack answered, across the "
+        f"fleet), then, for the scenarios with latency figures, {options['paced']} published "
+        f"at {options['rate']:g}/s (latency: publish time to ack answered) and "
+        f"{options['lone']} one at a time (lone). Fixed setup: flow control "
+        f"`max_messages={options['concurrency']}` and as many callback threads. Each consumer "
+        f"in its own process. A warm-up run per scenario, then {options['repeats']} "
+        "repeat(s), interleaved, order rotated; medians, (min-max) over repeats; each ratio "
+        "is taken within a repeat against the stock EOD client with the same setup.",
+    ]
+
+
+def _main_table(report: dict[str, Any]) -> list[str]:
+    summary: dict[str, dict[str, Any]] = report["summary"]
+    labels: dict[str, str] = report["scenarios"]
+    lines = [
+        "| scenario | msg/s | vs stock, same setup | consumer CPU ms/msg | vs stock CPU "
+        "| Firestore RPCs/msg | lone: RPCs/msg | p50 / p99 latency ms | peak RSS MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         failed = f" ({row['failed']} failed)" if row["failed"] else ""
+        own = row["baseline"] == name
+        ratio = "100%" if own else _range(row["ratio_vs_baseline"], pct=True)
+        cpu_ratio = "1.0x" if own else f"{_num(row['cpu_ratio_vs_baseline'], 1)}x"
+        latency = (
+            f"{_num(row['latency_p50_ms'], 1)} / {_num(row['latency_p99_ms'], 1)}"
+            if row["latency_p50_ms"] is not None
+            else "-"
+        )
         lines.append(
-            f"| {labels[name]}{failed} | {_range(row['msgs_per_s'])} "
-            f"| {_range(row['ratio_vs_baseline'], pct=True)} "
+            f"| {labels[name]}{failed} | {_range(row['msgs_per_s'])} | {ratio} "
+            f"| {_num(row['cpu_ms_per_msg']['consumer'], 2)} | {cpu_ratio} "
             f"| {_dash(row['firestore_rpcs_per_msg'], 2)} "
-            f"| {_num(row['latency_p50_ms'], 1)} | {_num(row['latency_p99_ms'], 1)} "
+            f"| {_dash(row['lone_firestore_rpcs_per_msg'], 1)} | {latency} "
             f"| {_num(row['peak_rss_mb'])} |"
         )
-    lines += [
-        "",
-        "Where the time goes, throughput phase (medians). Callback: wall time of one "
-        "callback, which bounds throughput at concurrency / callback time. CPU: ms of CPU "
-        "per message, by process (2 cores offer 2 CPU-ms per wall ms). Others: cores used "
-        "by processes outside the benchmark meanwhile (noise).",
-        "",
-        "| scenario | callback ms (mean) | consumer CPU | Firestore emulator CPU "
-        "| Pub/Sub emulator CPU | Firestore writes/msg | writes per RPC | others (cores) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    return lines
+
+
+def _time_table(report: dict[str, Any]) -> list[str]:
+    summary: dict[str, dict[str, Any]] = report["summary"]
+    labels: dict[str, str] = report["scenarios"]
+    lines = [
+        "| scenario | in flight (limit) / threads | callback ms | to ack answered ms "
+        "| consumer CPU | Firestore emulator CPU | Pub/Sub emulator CPU | writes per RPC "
+        "| RSS MB per 1,000 held | machine busy | others (cores) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         cpu = row["cpu_ms_per_msg"]
         writes, rpcs = row["firestore_writes_per_msg"], row["firestore_rpcs_per_msg"]
         per_rpc = writes / rpcs if writes and rpcs else None
+        procs = f"{row['processes']} x " if row["processes"] > 1 else ""
+        held = f"{procs}{_num(row['leased_peak'])} ({row['in_flight_limit']}) / {row['threads']}"
         lines.append(
-            f"| {labels[name]} | {_num(row['service_mean_ms'], 1)} "
+            f"| {labels[name]} | {held} | {_num(row['callback_mean_ms'], 1)} "
+            f"| {_num(row['slot_mean_ms'], 1)} "
             f"| {_num(cpu['consumer'], 2)} | {_num(cpu['firestore_emulator'], 2)} "
-            f"| {_num(cpu['pubsub_emulator'], 2)} | {_dash(writes, 2)} "
-            f"| {_num(per_rpc, 1) if per_rpc else '-'} | {_num(row['other_load_cores'], 2)} |"
+            f"| {_num(cpu['pubsub_emulator'], 2)} | {_num(per_rpc, 1) if per_rpc else '-'} "
+            f"| {_num(row['rss_per_1000_mb'], 0) if row['rss_per_1000_mb'] else '-'} "
+            f"| {_num((row['machine_busy'] or 0) * 100)}% "
+            f"| {_num(row['other_load_cores'], 2)} |"
         )
-    redelivered = sum(row["redeliveries"] for row in summary.values())
+    return lines
+
+
+def _targets_table(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "| target | measured | met |",
+        "| --- | --- | :---: |",
+    ]
+    for target in report["targets"]:
+        met = {True: "yes", False: "**no**", None: "n/a"}[target["met"]]
+        if target["met"] is False and target.get("why"):
+            met += f" ([why](#why-{target['why']}))"
+        lines.append(f"| {target['target']} | {target['measured']} | {met} |")
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The generated section: settings, targets, the tables, stalls, the plot."""
+    report["targets"] = evaluate(report)
+    lines = [BEGIN, "", *_header(report), "", "### Targets", "", *_targets_table(report)]
+    lines += ["", "### Throughput, CPU and RPCs", "", *_main_table(report)]
+    if report.get("plot"):
+        lines += ["", f"![throughput vs steps, processes and flow control]({report['plot']})"]
+    lines += [
+        "",
+        "### Where the time goes",
+        "",
+        "Backlog phase, medians. In flight: the most messages the client held at once "
+        "(received, not yet settled; per process), against its flow-control limit. Callback: "
+        "wall time of one callback; to ack answered: from its start to the ack's answer (the "
+        "wrapper sends its ack without waiting; the client keeps the flow-control slot until "
+        "the answer). CPU: ms per message, by process (2 cores offer 2 CPU-ms per wall ms). "
+        "Machine busy: the share of both cores in use; others: cores used meanwhile by "
+        "processes outside the benchmark (noise).",
+        "",
+        *_time_table(report),
+    ]
+    stalls = [
+        f"- {report['scenarios'][name]}: {why}"
+        for name, row in report["summary"].items()
+        for why in row["stalls"]
+    ] + [
+        f"- warm-up {w['scenario']}: {w['stalled'] or w['error']}"
+        for w in report.get("warmups", [])
+        if not w["ok"]
+    ]
+    if stalls:
+        lines += ["", "Failed or stalled runs (bounded, not waited for):", "", *stalls]
+    redelivered = sum(row["redeliveries"] for row in report["summary"].values())
     if redelivered:
-        lines += ["", f"Redeliveries seen (not counted twice): {redelivered}."]
+        lines += ["", f"Redeliveries seen (counted once): {redelivered}."]
     lines += ["", END, ""]
     return "\n".join(lines)
 

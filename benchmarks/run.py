@@ -1,24 +1,19 @@
 """Benchmark the wrapper against the stock client: ``python -m benchmarks.run [--quick]``.
 
-One session starts the real emulators and runs every scenario (see
+One session starts the real emulators and runs every chosen scenario (see
 :mod:`benchmarks.scenarios`) ``--repeats`` times, interleaved, with the order
 rotated each repeat, so that whatever else the machine does hits all of them
-alike. Each run:
+alike; a discarded warm-up run of each scenario comes first (the emulators'
+JIT makes first runs slower). One run (:mod:`benchmarks.fleet`) gets a fresh
+topic and subscription, publishes its backlog, starts the scenario's
+consumer processes and measures the phases; a stalled run ends at its bound
+and is reported, never waited for.
 
-1. creates a fresh topic and subscription (exactly-once delivery or not),
-2. publishes a backlog of ``--messages`` messages,
-3. starts a consumer in its own process (:mod:`benchmarks.consumer`) and
-   measures the throughput phase: first callback to last ack of the backlog,
-   with Firestore and Pub/Sub RPCs counted by a gRPC interceptor and the CPU
-   time of the consumer and of both emulators read from ``/proc``,
-4. then publishes ``--paced`` messages at ``--rate`` per second, a load every
-   scenario sustains, for end-to-end latency (publish time to ack done),
-5. reads the consumer's peak RSS.
-
-Ratios are computed within a repeat (scenario / stock EOD of the same repeat)
-and summarised by their median. Results go to stdout (Markdown), to
-``docs/benchmarks.md`` (between generated-section markers, so prose around
-them survives) and to ``.nox/bench.json``.
+Ratios are computed within a repeat (scenario / its stock baseline in the
+same repeat) and summarised by their median. Results go to stdout
+(Markdown), to ``docs/benchmarks.md`` (between generated-section markers, so
+prose around them survives), to ``docs/benchmarks.png`` and to
+``.nox/bench.json``.
 """
 
 from __future__ import annotations
@@ -26,34 +21,27 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any
 
-from benchmarks.consumer import ConsumerConfig
+from benchmarks.fleet import Plan, Publisher, run_once
+from benchmarks.machine import emulators, machine, versions
 from benchmarks.report import render_markdown, summarize, write_markdown
-from benchmarks.scenarios import BASELINE, DEFAULT_SCENARIOS, SCENARIOS, Scenario
+from benchmarks.scenarios import BASELINE, DEFAULT_SCENARIOS, GROUPS, SCENARIOS, expand
 
 __all__ = ["Options", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "pubsub-worker-bench"
 PAYLOAD_BYTES = 256
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -64,44 +52,62 @@ class Options:
     messages: int
     paced: int
     rate: float
+    lone: int
     repeats: int
     concurrency: int
     warmup: int
+    stall_s: float
     timeout_s: float
     markdown: Path | None
     json_path: Path | None
+    plot: Path | None
     command: str
     py_spy: Path | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     """Read the command line; ``--quick`` changes the defaults, explicit values win."""
+    groups = "; ".join(f"{g}: {', '.join(names)}" for g, names in GROUPS.items())
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run",
         description="Wrapper vs stock Pub/Sub client on the local emulators, in one session.",
+        epilog=f"Groups: {groups}.",
     )
-    parser.add_argument("--quick", action="store_true", help="a ~30 s smoke run")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: short, not to quote")
     parser.add_argument(
         "--scenarios",
         default=",".join(DEFAULT_SCENARIOS),
-        help=f"comma-separated, from: {', '.join(SCENARIOS)} (default: %(default)s)",
+        help="comma-separated scenario or group names; baselines are added "
+        f"(default: %(default)s; scenarios: {', '.join(SCENARIOS)})",
     )
     parser.add_argument("--messages", type=int, help="backlog per run (default 1500; quick 300)")
     parser.add_argument("--paced", type=int, help="paced messages per run (default 200; quick 60)")
     parser.add_argument("--rate", type=float, default=100.0, help="paced msg/s (default 100)")
-    parser.add_argument("--repeats", type=int, help="runs per scenario (default 5; quick 2)")
+    parser.add_argument(
+        "--lone", type=int, help="messages sent one at a time, per run (default 20; quick 10)"
+    )
+    parser.add_argument("--repeats", type=int, help="runs per scenario (default 5; quick 1)")
     parser.add_argument(
         "--concurrency",
         type=int,
         default=10,
-        help="flow control max_messages = callback threads, all scenarios (default 10)",
+        help="flow control max_messages = callback threads of the fixed-setup scenarios "
+        "(default 10: the stock client's default threads and PUBSUB_WORKER_MAX_MESSAGES)",
     )
     parser.add_argument(
         "--warmup",
         type=int,
-        help="messages of one discarded warm-up run per scenario (default 1000; quick 150)",
+        help="messages of one discarded warm-up run per scenario (default 600; quick 150)",
     )
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    parser.add_argument(
+        "--stall",
+        type=float,
+        default=30.0,
+        help="a phase with no ack for this many seconds ends as stalled (default 30)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="bound on one phase, seconds (default 180)"
+    )
     parser.add_argument(
         "--markdown",
         default=str(ROOT / "docs" / "benchmarks.md"),
@@ -113,24 +119,32 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="raw results (default .nox/bench.json); '-' for none",
     )
     parser.add_argument(
+        "--plot",
+        default=str(ROOT / "docs" / "benchmarks.png"),
+        help="PNG of throughput vs steps, processes and flow control (default "
+        "docs/benchmarks.png; needs matplotlib); '-' for none",
+    )
+    parser.add_argument(
         "--py-spy",
         metavar="DIR",
-        help="profile each measured consumer's throughput phase with py-spy (collapsed "
-        "stacks in DIR; the sampling perturbs the numbers: a diagnostic, not a measurement)",
+        help="profile each measured consumer's backlog phase with py-spy (CPU and wall "
+        "profiles, raw collapsed stacks in DIR; summarise with `python -m benchmarks.profile "
+        "DIR`; the sampling perturbs the numbers: a diagnostic, not a measurement)",
     )
     args = parser.parse_args(argv)
     if args.py_spy and _py_spy_path() is None:
         parser.error("--py-spy needs py-spy (pip install py-spy)")
-    names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip())
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenario(s): {', '.join(unknown)}")
-    if BASELINE not in names:
-        names = (BASELINE, *names)
+    try:
+        names = expand([n.strip() for n in args.scenarios.split(",") if n.strip()])
+    except KeyError as exc:
+        parser.error(f"unknown scenario or group: {exc.args[0]}")
     quick = args.quick
 
     def pick(value: Any, normal: Any, fast: Any) -> Any:
         return value if value is not None else (fast if quick else normal)
+
+    def path(value: str) -> Path | None:
+        return None if value == "-" else Path(value)
 
     given = list(sys.argv[1:] if argv is None else argv)
     return Options(
@@ -138,12 +152,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         messages=pick(args.messages, 1500, 300),
         paced=pick(args.paced, 200, 60),
         rate=args.rate,
-        repeats=pick(args.repeats, 5, 2),
+        lone=pick(args.lone, 20, 10),
+        repeats=pick(args.repeats, 5, 1),
         concurrency=args.concurrency,
-        warmup=pick(args.warmup, 1000, 150),
+        warmup=pick(args.warmup, 600, 150),
+        stall_s=args.stall,
         timeout_s=args.timeout,
-        markdown=None if args.markdown == "-" else Path(args.markdown),
-        json_path=None if args.json == "-" else Path(args.json),
+        markdown=path(args.markdown),
+        json_path=path(args.json),
+        plot=path(args.plot),
         command=shlex.join(["python", "-m", "benchmarks.run", *given]),
         py_spy=Path(args.py_spy) if args.py_spy else None,
     )
@@ -154,313 +171,165 @@ def _py_spy_path() -> str | None:
     return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
-# -- CPU accounting ---------------------------------------------------------------------
+class _Progress:
+    """The progress line on stderr: where the session is and about how long it has left."""
 
+    def __init__(self, total_runs: int) -> None:
+        self._total = total_runs
+        self._done = 0
+        self._started = time.monotonic()
+        self._tty = sys.stderr.isatty()
+        self._label = ""
+        self._last_line = 0.0
 
-def _process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, from ``/proc`` (0 when unavailable)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+    def _eta(self) -> str:
+        elapsed = time.monotonic() - self._started
+        if not self._done:
+            return f"{elapsed:4.0f} s"
+        left = elapsed / self._done * (self._total - self._done)
+        return f"{elapsed:4.0f} s, ~{left / 60:.0f} min left"
 
+    def begin(self, label: str) -> None:
+        self._label = label
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs, from ``/proc/stat``."""
-    try:
-        first = Path("/proc/stat").read_text().splitlines()[0].split()
-    except OSError:
-        return (0, 0)
-    values = [int(v) for v in first[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return (sum(values) - idle, sum(values))
-
-
-@dataclass
-class _CpuMark:
-    at: float
-    emulators: dict[str, float]
-    machine: tuple[int, int]
-    orchestrator: float
-
-
-def _mark(pids: dict[str, int]) -> _CpuMark:
-    return _CpuMark(
-        at=time.perf_counter(),
-        emulators={name: _process_cpu_s(pid) for name, pid in pids.items()},
-        machine=_machine_jiffies(),
-        orchestrator=time.process_time(),
-    )
-
-
-def _cpu_between(start: _CpuMark, end: _CpuMark) -> dict[str, float]:
-    out = {f"{n}_emulator_s": end.emulators[n] - start.emulators[n] for n in start.emulators}
-    busy = end.machine[0] - start.machine[0]
-    total = end.machine[1] - start.machine[1]
-    out["machine_busy"] = busy / total if total else 0.0
-    out["machine_busy_s"] = busy / _CLK_TCK
-    out["orchestrator_s"] = end.orchestrator - start.orchestrator
-    out["wall_s"] = end.at - start.at
-    return out
-
-
-# -- one run ------------------------------------------------------------------------------
-
-
-class _Session:
-    """The emulators and the clients the orchestrator uses to set runs up."""
-
-    def __init__(self, options: Options, emulators: Any) -> None:
-        import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
-
-        from emulator.bootstrap import publisher_admin, subscriber_admin  # noqa: PLC0415
-
-        self.options = options
-        self.emulators = emulators
-        host = emulators.pubsub_host
-        self.admin_publisher = publisher_admin(host)
-        self.admin_subscriber = subscriber_admin(host)
-        self.publisher = pubsub_v1.PublisherClient()
-        self.logs = Path(tempfile.mkdtemp(prefix="bench-consumers-"))
-        self.payload = os.urandom(PAYLOAD_BYTES)
-
-    def close(self) -> None:
-        self.publisher.stop()
-
-    def publish(self, topic: str, count: int, phase: str, rate: float | None) -> None:
-        """Publish ``count`` messages; at ``rate`` per second when given, else at once."""
-        futures: list[Future[str]] = []
-        start = time.perf_counter()
-        for i in range(count):
-            if rate:
-                delay = start + i / rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-            futures.append(self.publisher.publish(topic, self.payload, phase=phase, seq=str(i)))
-        for future in futures:
-            future.result(timeout=60)
-
-    def run(self, scenario: Scenario, *, messages: int, paced: int, label: str) -> dict[str, Any]:
-        """One consumer process on a fresh subscription; returns its measurements."""
-        from emulator import create_subscription, delete_subscription  # noqa: PLC0415
-
-        handle = create_subscription(
-            project=PROJECT,
-            publisher=self.admin_publisher,
-            subscriber=self.admin_subscriber,
-            exactly_once=scenario.eod,
-            ack_deadline_seconds=60,
-            prefix="bench",
+    def phase(self, phase: str, acked: int, published: int, seconds: float) -> None:
+        """Called while a phase runs: in place on a terminal, else every 10 s of a long phase."""
+        now = time.monotonic()
+        rate = acked / seconds if seconds > 0 else 0.0
+        text = (
+            f"[{self._done + 1}/{self._total} {self._eta()}] {self._label} {phase} "
+            f"{acked}/{published} acked ({rate:.0f}/s)"
         )
-        try:
-            if scenario.kind == "wrapped":
-                self.emulators.reset_firestore()
-            self.publish(handle.topic_path, messages, "backlog", None)
-            config = ConsumerConfig(
-                scenario=scenario.name,
-                subscription=handle.subscription_path,
-                project=PROJECT,
-                collection=f"bench_{uuid.uuid4().hex[:12]}",
-                backlog=messages,
-                paced=paced,
-                concurrency=self.options.concurrency,
-                timeout_s=self.options.timeout_s,
-            )
-            log_path = self.logs / f"{label}.log"
-            with log_path.open("w") as log:
-                result = self._consume(config, handle.topic_path, paced, log, label)
-            result["log"] = str(log_path)
-            return result
-        finally:
-            delete_subscription(
-                handle, publisher=self.admin_publisher, subscriber=self.admin_subscriber
-            )
+        if self._tty:
+            sys.stderr.write("\r" + text[:150].ljust(150))
+            sys.stderr.flush()
+        elif seconds >= 10 and now - self._last_line >= 10:
+            self._last_line = now
+            print("  " + text, file=sys.stderr, flush=True)
 
-    def _py_spy(self, pid: int, label: str) -> subprocess.Popen[bytes] | None:
-        folder = self.options.py_spy
-        if folder is None or label.startswith("warmup"):
-            return None
-        folder.mkdir(parents=True, exist_ok=True)
-        exe = _py_spy_path()
-        assert exe is not None  # checked with the arguments
-        spy = subprocess.Popen(
-            [
-                *(exe, "record", "--pid", str(pid), "--rate", "200", "--nonblocking", "--gil"),
-                *("--format", "raw", "--output", str(folder / f"{label}.txt")),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(0.5)  # attached before the measurement starts
-        return spy
-
-    def _consume(
-        self, config: ConsumerConfig, topic: str, paced: int, log: TextIO, label: str
-    ) -> dict[str, Any]:
-        env = {**os.environ, **self.emulators.env(), "PYTHONPATH": str(ROOT)}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.consumer", json.dumps(asdict(config))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        assert process.stdin is not None
-        assert process.stdout is not None
-        try:
-            events = _events(process.stdout)
-            ready = _expect(events, "ready", log)
-            spy = self._py_spy(process.pid, label)
-            start = _mark(self.emulators.pids)
-            process.stdin.write("go\n")
-            process.stdin.flush()
-            drained = _expect(events, "drained", log)
-            end = _mark(self.emulators.pids)
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(timeout=30)
-            if paced:
-                self.publish(topic, paced, "paced", self.options.rate)
-            result = _expect(events, "result", log)
-            process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        return {"ready": ready, "drained": drained, "result": result, **_cpu_between(start, end)}
+    def end(self, text: str) -> None:
+        self._done += 1
+        if self._tty:
+            sys.stderr.write("\r" + " " * 150 + "\r")
+        print(f"  [{self._done}/{self._total} {self._eta()}] {text}", file=sys.stderr, flush=True)
 
 
-def _events(stream: IO[str]) -> Iterator[dict[str, Any]]:
-    for raw in stream:
-        line = raw.strip()
-        if line.startswith("{"):
-            yield json.loads(line)
-
-
-def _expect(events: Iterator[dict[str, Any]], name: str, log: TextIO) -> dict[str, Any]:
-    for event in events:
-        if event.get("event") == name:
-            return event
-    log.flush()
-    tail = Path(log.name).read_text()[-3000:]
-    raise RuntimeError(f"the consumer exited before {name!r}; its log ends:\n{tail}")
-
-
-# -- reporting helpers ----------------------------------------------------------------------
-
-
-def _flatten(scenario: Scenario, repeat: int, raw: dict[str, Any], messages: int) -> dict[str, Any]:
-    drained, result = raw["drained"], raw["result"]
-    fs_calls = sum(drained["firestore"]["calls"].values())
-    fs_items = sum(drained["firestore"]["items"].values())
-    done = max(drained["done"].get("backlog", 0), 1)
-    return {
-        "scenario": scenario.name,
-        "repeat": repeat,
-        "ok": bool(drained["ok"] and result["ok"]),
-        "messages": messages,
-        "msgs_per_s": drained["msgs_per_s"],
-        "elapsed_s": drained["elapsed_s"],
-        "firestore_rpcs_per_msg": fs_calls / done,
-        "firestore_writes_per_msg": fs_items / done,
-        "firestore_calls": drained["firestore"]["calls"],
-        "pubsub_calls": drained["pubsub"]["calls"],
-        "pubsub_items": drained["pubsub"]["items"],
-        "pubsub_rpcs_per_msg": sum(drained["pubsub"]["calls"].values()) / done,
-        "latency_ms": result["latency_ms"],
-        "service_ms": drained["service_ms"],
-        "occupancy": drained["occupancy"],
-        "paced_service_ms": result["paced_service_ms"],
-        "peak_rss_mb": result["peak_rss_mb"],
-        "rss_ready_mb": result["rss_ready_mb"],
-        "cpu_ms_per_msg": {
-            "consumer": drained["cpu_s"] * 1000 / done,
-            "firestore_emulator": raw.get("firestore_emulator_s", 0.0) * 1000 / done,
-            "pubsub_emulator": raw.get("pubsub_emulator_s", 0.0) * 1000 / done,
-        },
-        "machine_busy": raw["machine_busy"],
-        "other_load_cores": _other_load(raw),
-        "repeats_seen": result["repeats"],
-        "callbacks": result["callbacks"],
-        "metrics": result["metrics"],
-        "log": raw["log"],
-    }
-
-
-def _other_load(raw: dict[str, Any]) -> float:
-    """CPU cores busy with anything but this benchmark during the throughput phase."""
-    ours = (
-        raw["drained"]["cpu_s"]
-        + raw.get("firestore_emulator_s", 0.0)
-        + raw.get("pubsub_emulator_s", 0.0)
-        + raw["orchestrator_s"]
-    )
-    return float(max(raw["machine_busy_s"] - ours, 0.0) / max(raw["wall_s"], 1e-9))
-
-
-def _progress(text: str) -> None:
+def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _versions(sdk_root: Path | None) -> dict[str, str]:
-    versions: dict[str, str] = {}
-    for dist in ("google-cloud-pubsub", "google-cloud-firestore", "grpcio", "protobuf"):
+def _line(name: str, run: dict[str, Any], seconds: float) -> str:
+    """One finished run, for the progress log."""
+    if not run["ok"]:
+        return f"{name:<20} FAILED ({seconds:.1f} s): {run['stalled'] or run['error']}"
+    backlog = run["phases"]["backlog"]
+    text = (
+        f"{name:<20} {backlog['msgs_per_s']:7.0f} msg/s  "
+        f"{backlog['firestore_rpcs_per_msg']:.2f} Firestore RPC/msg  "
+        f"CPU {sum(backlog['consumer_cpu_s']) * 1000 / max(backlog['messages'], 1):.2f} ms/msg  "
+        f"RSS {max(run['peak_rss_mb']):4.0f} MB  others {backlog['other_load_cores']:.2f}"
+    )
+    lone = run["phases"].get("lone")
+    if lone:
+        text += f"  lone {lone['firestore_rpcs_per_msg']:.1f} RPC/msg"
+    return f"{text}  ({seconds:.1f} s)"
+
+
+class _Session:
+    """The runs of one session, on one pair of emulators."""
+
+    def __init__(self, options: Options, emu: Any, progress: _Progress) -> None:
+        from emulator.bootstrap import publisher_admin, subscriber_admin  # noqa: PLC0415
+
+        self.options = options
+        self.emu = emu
+        self.progress = progress
+        self.logs = Path(tempfile.mkdtemp(prefix="bench-consumers-"))
+        self.spy = _py_spy_path() if options.py_spy else None
+        self.admin = (publisher_admin(emu.pubsub_host), subscriber_admin(emu.pubsub_host))
+        self.publisher = Publisher(PAYLOAD_BYTES)
+        self.runs: list[dict[str, Any]] = []
+        self.warmups: list[dict[str, Any]] = []  # discarded, but a stall there is a stall
+
+    def one(self, name: str, repeat: int) -> dict[str, Any]:
+        """One run of ``name``; repeat 0 is its warm-up (no latency phases, no profile)."""
+        options, scenario = self.options, SCENARIOS[name]
+        warm = repeat == 0
+        label = f"warmup-{name}" if warm else f"r{repeat}-{name}"
+        backlog = options.warmup if warm else options.messages
+        plan = Plan(
+            scenario=scenario,
+            label=label,
+            project=PROJECT,
+            backlog=max(int(backlog * scenario.backlog_share), 10),
+            paced=0 if warm else options.paced,
+            rate=options.rate,
+            lone=0 if warm else options.lone,
+            concurrency=options.concurrency,
+            stall_s=options.stall_s,
+            timeout_s=options.timeout_s,
+            logs=self.logs,
+            py_spy=None if warm else self.spy,
+            profiles=options.py_spy,
+        )
+        self.progress.begin(label)
+        t0 = time.monotonic()
+        raw = run_once(plan, self.emu, self.publisher, self.admin, self.progress.phase)
+        raw.update(scenario=name, repeat=repeat, label=label, backlog=plan.backlog)
+        prefix = "warm-up " if warm else f"r{repeat} "
+        self.progress.end(prefix + _line(name, raw, time.monotonic() - t0))
+        return raw
+
+    def all(self) -> None:
+        """Warm-ups, then the repeats, each in a rotated order."""
+        names = self.options.scenarios
         try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "?"
-    if sdk_root is not None:
-        for component, name in (
-            ("pubsub-emulator", "Pub/Sub emulator"),
-            ("cloud-firestore-emulator", "Firestore emulator"),
-        ):
-            try:
-                snapshot = json.loads(
-                    (sdk_root / ".install" / f"{component}.snapshot.json").read_text()
-                )
-                found = next(c for c in snapshot["components"] if c["id"] == component)
-                versions[name] = found["version"]["version_string"]
-            except (OSError, ValueError, KeyError, StopIteration):
-                versions[name] = "?"
-        try:
-            versions["Google Cloud CLI"] = (sdk_root / "VERSION").read_text().strip()
-        except OSError:
-            versions["Google Cloud CLI"] = "?"
-    return versions
+            if self.options.warmup:
+                self.warmups += [self.one(name, 0) for name in names]
+            for repeat in range(1, self.options.repeats + 1):
+                shift = (repeat - 1) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    self.runs.append(self.one(name, repeat))
+        finally:
+            self.publisher.close()
 
 
-def _machine() -> dict[str, Any]:
-    model = "?"
+def _code() -> str:
+    """The library's commit, and whether the measured tree differs from it."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
-    }
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "pubsub_worker"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"commit {commit}" + (" with uncommitted changes" if changed else "")
 
 
-@contextmanager
-def _emulators() -> Iterator[tuple[Any, Path | None]]:
-    from emulator import find_components, start_emulators  # noqa: PLC0415
-    from emulator.errors import EmulatorError  # noqa: PLC0415
+def _write(report: dict[str, Any], options: Options) -> None:
+    if options.plot is not None:
+        from benchmarks.plot import plot  # noqa: PLC0415 - matplotlib only when plotting
 
-    try:
-        sdk_root: Path | None = find_components().sdk_root
-    except EmulatorError:
-        sdk_root = None  # the Docker backend
-    with start_emulators(project=PROJECT) as emu:
-        emu.export_env()
-        yield emu, sdk_root
+        if plot(report, options.plot):
+            _say(f"wrote {options.plot}")
+            report["plot"] = options.plot.name
+    markdown = render_markdown(report)
+    sys.stdout.write(markdown)
+    if options.markdown is not None:
+        write_markdown(options.markdown, markdown)
+        _say(f"wrote {options.markdown}")
+    if options.json_path is not None:
+        options.json_path.parent.mkdir(parents=True, exist_ok=True)
+        options.json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        _say(f"wrote {options.json_path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -468,75 +337,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     started = time.monotonic()
     when = datetime.datetime.now(datetime.timezone.utc)
-    runs: list[dict[str, Any]] = []
-    with _emulators() as (emu, sdk_root):
-        _progress(
-            f"emulators ready in {emu.startup_s:.1f} s; scenarios {', '.join(options.scenarios)}; "
-            f"{options.messages} backlog + {options.paced} paced at {options.rate:g}/s; "
-            f"{options.repeats} repeat(s); concurrency {options.concurrency}"
+    total = len(options.scenarios) * (options.repeats + (1 if options.warmup else 0))
+    with emulators(PROJECT) as (emu, sdk_root):
+        session = _Session(options, emu, _Progress(total))
+        _say(
+            f"emulators ready in {emu.startup_s:.1f} s; {len(options.scenarios)} scenarios "
+            f"({', '.join(options.scenarios)}); {options.messages} backlog, {options.paced} "
+            f"paced at {options.rate:g}/s, {options.lone} lone; {options.repeats} repeat(s) "
+            f"after a warm-up; logs in {session.logs}"
         )
-        session = _Session(options, emu)
-        try:
-            if options.warmup:
-                for name in options.scenarios:
-                    scenario = SCENARIOS[name]
-                    raw = session.run(
-                        scenario, messages=options.warmup, paced=0, label=f"warmup-{name}"
-                    )
-                    _progress(
-                        f"  warm-up {name:<18} {raw['drained']['msgs_per_s']:7.0f} msg/s "
-                        "(discarded)"
-                    )
-            for repeat in range(options.repeats):
-                shift = repeat % len(options.scenarios)
-                order = options.scenarios[shift:] + options.scenarios[:shift]
-                for name in order:
-                    scenario = SCENARIOS[name]
-                    t0 = time.monotonic()
-                    raw = session.run(
-                        scenario,
-                        messages=options.messages,
-                        paced=options.paced,
-                        label=f"r{repeat + 1}-{name}",
-                    )
-                    run = _flatten(scenario, repeat + 1, raw, options.messages)
-                    runs.append(run)
-                    _progress(
-                        f"  [{repeat + 1}/{options.repeats}] {name:<18} "
-                        f"{run['msgs_per_s']:7.0f} msg/s  "
-                        f"{run['firestore_rpcs_per_msg']:.2f} Firestore RPC/msg  "
-                        f"p50 {run['latency_ms']['p50'] or 0:6.1f} ms  "
-                        f"p99 {run['latency_ms']['p99'] or 0:6.1f} ms  "
-                        f"RSS {run['peak_rss_mb']:5.0f} MB  "
-                        f"others {run['other_load_cores']:.2f} cores  "
-                        f"({time.monotonic() - t0:.1f} s){'' if run['ok'] else '  FAILED'}"
-                    )
-        finally:
-            session.close()
-        versions = _versions(sdk_root)
-    summary = summarize(runs, options.scenarios, BASELINE)
+        session.all()
+        found = versions(sdk_root)
     report = {
         "command": options.command,
         "date": when.isoformat(timespec="seconds"),
         "duration_s": time.monotonic() - started,
-        "machine": _machine(),
-        "versions": versions,
-        "options": {k: v for k, v in asdict(options).items() if k not in ("markdown", "json_path")},
+        "machine": machine(),
+        "versions": found,
+        "code": _code(),
+        "options": {
+            k: v
+            for k, v in asdict(options).items()
+            if k not in ("markdown", "json_path", "plot", "py_spy")
+        },
+        "baseline": BASELINE,
         "scenarios": {n: SCENARIOS[n].label for n in options.scenarios},
-        "summary": summary,
-        "runs": runs,
+        "summary": summarize(session.runs, options.scenarios, options.concurrency),
+        "runs": session.runs,
+        "warmups": session.warmups,
     }
-    markdown = render_markdown(report)
-    sys.stdout.write(markdown)
-    if options.markdown is not None:
-        write_markdown(options.markdown, markdown)
-        _progress(f"wrote {options.markdown}")
-    if options.json_path is not None:
-        options.json_path.parent.mkdir(parents=True, exist_ok=True)
-        options.json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        _progress(f"wrote {options.json_path}")
-    _progress(f"done in {time.monotonic() - started:.0f} s")
-    return 0 if all(run["ok"] for run in runs) else 1
+    _write(report, options)
+    _say(f"done in {time.monotonic() - started:.0f} s")
+    return 0 if all(run["ok"] for run in (*session.warmups, *session.runs)) else 1
 
 
 if __name__ == "__main__":

@@ -1,14 +1,44 @@
-"""The scenarios a benchmark run compares, all on the same emulators and settings."""
+"""The scenarios a benchmark run compares, all on the same emulators.
+
+A scenario is one consumer configuration: which callback (the stock client's
+or the wrapper's), how it subscribes (the session's fixed flow control, the
+client's defaults, or :func:`pubsub_worker.run`), how many processes share
+the subscription and how large the payload is. Each wrapped scenario names
+its *baseline*, the stock scenario with the same subscriber setup: ratios
+are taken against it, within each repeat.
+
+Groups (``--scenarios core,fleet``) select families; see :data:`GROUPS`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["BASELINE", "DEFAULT_SCENARIOS", "SCENARIOS", "Scenario"]
+__all__ = [
+    "BASELINE",
+    "DEFAULT_SCENARIOS",
+    "GROUPS",
+    "SCENARIOS",
+    "Kind",
+    "Scenario",
+    "Subscribe",
+    "expand",
+]
 
-Kind = Literal["stock-ack", "stock-eod", "wrapped"]
+Kind = Literal["stock-ack", "stock-eod", "wrapped", "legacy", "run"]
+"""``stock-ack``: ``message.ack()``; ``stock-eod``: awaited ``ack_with_response()``;
+``wrapped``: ``exactly_once(handler(message, job))`` with ``steps`` steps;
+``legacy``: ``exactly_once`` around the unchanged ``stock-eod`` callback (the one
+added line); ``run``: :func:`pubsub_worker.run` with its defaults."""
+
+Subscribe = Literal["fixed", "default", "run"]
+"""``fixed``: ``FlowControl(max_messages=C)`` and a ``ThreadScheduler`` of ``C``
+threads; ``default``: plain ``subscriber.subscribe(path, callback=...)``, nothing
+else passed (1,000 messages, 100 MiB outstanding, 10 threads); ``run``: what
+:func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 10 by default)."""
+
 StoreKind = Literal["default", "direct", "batched"]
 
 
@@ -18,66 +48,187 @@ class Scenario:
 
     name: str
     kind: Kind
-    eod: bool
-    """The subscription has exactly-once delivery."""
     label: str
     """How the report names it."""
+    baseline: str = "stock-eod"
+    """The stock scenario with the same setup; the ratio is against it."""
+    eod: bool = True
+    """The subscription has exactly-once delivery."""
     steps: int = 0
     """Steps of the wrapped handler."""
+    subscribe: Subscribe = "fixed"
+    concurrency: int | None = None
+    """Flow control ``max_messages`` and threads for ``fixed``; None: ``--concurrency``."""
+    processes: int = 1
+    """Consumer processes on the one subscription (the fleet's throughput is measured)."""
+    payload_bytes: int | None = None
+    """None: the session's payload (256 bytes)."""
+    backlog_share: float = 1.0
+    """The backlog is this share of ``--messages`` (large payloads take fewer)."""
+    latency: bool = False
+    """Also run the paced (latency) and lone-message phases."""
     store: StoreKind = "default"
     """``default``: what ``exactly_once`` builds; ``direct``: one RPC per write;
-    ``batched``: concurrent writes coalesced into BatchWrite RPCs."""
+    ``batched``: concurrent writes coalesced into BatchWrite RPCs, tuned by ``batching``."""
     batching: Mapping[str, Any] = field(default_factory=dict)
     """Options of ``BatchingFirestoreJobStore`` for ``store="batched"``."""
 
+    @property
+    def stock(self) -> bool:
+        """The stock client, no wrapper: no Firestore."""
+        return self.kind in ("stock-ack", "stock-eod")
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario("stock-ack", "stock-ack", eod=False, label="stock, `message.ack()`, no EOD"),
-        Scenario(
-            "stock-eod", "stock-eod", eod=True, label="stock, EOD, awaited `ack_with_response()`"
-        ),
-        Scenario("wrapped-1", "wrapped", eod=True, steps=1, label="`exactly_once`, 1 step, EOD"),
-        Scenario("wrapped-3", "wrapped", eod=True, steps=3, label="`exactly_once`, 3 steps, EOD"),
-        Scenario(
-            "wrapped-1-direct",
-            "wrapped",
-            eod=True,
-            steps=1,
-            store="direct",
-            label="`exactly_once`, 1 step, EOD, `FirestoreJobStore` (one RPC per write)",
-        ),
-        Scenario(
-            "wrapped-1-batched",
-            "wrapped",
-            eod=True,
-            steps=1,
-            store="batched",
-            label="`exactly_once`, 1 step, EOD, `BatchingFirestoreJobStore` defaults",
-        ),
-        Scenario(
-            "wrapped-1-batched-1",
-            "wrapped",
-            eod=True,
-            steps=1,
-            store="batched",
-            batching={"max_in_flight": 1},
-            label="`exactly_once`, 1 step, EOD, BatchWrite, 1 batch in flight",
-        ),
-        Scenario(
-            "wrapped-1-batched-linger",
-            "wrapped",
-            eod=True,
-            steps=1,
-            store="batched",
-            batching={"linger_s": 0.001},
-            label="`exactly_once`, 1 step, EOD, BatchWrite, 1 ms linger",
-        ),
+    def in_flight(self, concurrency: int) -> int:
+        """Messages the client lets in at once, per process."""
+        if self.subscribe == "default":
+            return 1000  # FlowControl().max_messages
+        if self.subscribe == "run":
+            return 10  # PUBSUB_WORKER_MAX_MESSAGES' default
+        return self.concurrency or concurrency
+
+    def threads(self, concurrency: int) -> int:
+        """Callback threads per process."""
+        if self.subscribe == "default":
+            return 10  # the client's default ThreadScheduler
+        return self.in_flight(concurrency)
+
+
+def _pair(
+    suffix: str, label: str, *, latency: bool = False, **setup: Any
+) -> tuple[Scenario, Scenario]:
+    """The stock EOD client and the one-step wrapper, with the same setup."""
+    stock = Scenario(
+        f"stock-eod-{suffix}",
+        "stock-eod",
+        f"stock, EOD, {label}",
+        baseline=f"stock-eod-{suffix}",
+        latency=latency,
+        **setup,
     )
-}
+    wrapped = Scenario(
+        f"wrapped-1-{suffix}",
+        "wrapped",
+        f"`exactly_once`, 1 step, {label}",
+        baseline=stock.name,
+        steps=1,
+        latency=latency,
+        **setup,
+    )
+    return stock, wrapped
+
+
+_ALL: tuple[Scenario, ...] = (
+    # -- core: 10 in flight (the session's --concurrency), 0/1/3 steps
+    Scenario(
+        "stock-ack",
+        "stock-ack",
+        "stock, `message.ack()`, no EOD",
+        eod=False,
+        latency=True,
+    ),
+    Scenario(
+        "stock-eod",
+        "stock-eod",
+        "stock, EOD, awaited `ack_with_response()`",
+        latency=True,
+    ),
+    Scenario("wrapped-0", "wrapped", "`exactly_once`, 0 steps", steps=0, latency=True),
+    Scenario("wrapped-1", "wrapped", "`exactly_once`, 1 step", steps=1, latency=True),
+    Scenario("wrapped-3", "wrapped", "`exactly_once`, 3 steps", steps=3, latency=True),
+    # -- the adoption paths, with their own defaults
+    *_pair("default", "client defaults (plain `subscribe`)", subscribe="default"),
+    Scenario(
+        "legacy-default",
+        "legacy",
+        "`exactly_once(stock EOD callback)`, client defaults: the one added line",
+        baseline="stock-eod-default",
+        subscribe="default",
+    ),
+    Scenario(
+        "run-1",
+        "run",
+        "`pubsub_worker.run()` defaults, 1 step",
+        steps=1,
+        subscribe="run",
+    ),
+    # -- flow control: each side's best per process
+    *_pair("c30", "30 in flight", concurrency=30),
+    *_pair("c100", "100 in flight", concurrency=100),
+    # -- a fleet on one subscription
+    *_pair("p2", "2 processes", processes=2),
+    *_pair("p4", "4 processes", processes=4),
+    # -- payload size
+    *_pair("10k", "10 KB payload", payload_bytes=10_000),
+    *_pair("1m", "1 MB payload", payload_bytes=1_000_000, backlog_share=0.1),
+    # -- store variants, for tuning (not in the default set)
+    Scenario(
+        "wrapped-1-direct",
+        "wrapped",
+        "`exactly_once`, 1 step, `FirestoreJobStore` (one RPC per write)",
+        steps=1,
+        store="direct",
+    ),
+    Scenario(
+        "wrapped-1-batched-1",
+        "wrapped",
+        "`exactly_once`, 1 step, BatchWrite, 1 batch in flight",
+        steps=1,
+        store="batched",
+        batching={"max_in_flight": 1},
+    ),
+    Scenario(
+        "wrapped-1-batched-linger",
+        "wrapped",
+        "`exactly_once`, 1 step, BatchWrite, 1 ms linger",
+        steps=1,
+        store="batched",
+        batching={"linger_s": 0.001},
+    ),
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
 
 BASELINE = "stock-eod"
-"""Ratios are against this scenario, measured in the same repeat."""
+"""The reference of the 10-in-flight scenarios and of the CPU comparison."""
 
-DEFAULT_SCENARIOS = ("stock-ack", "stock-eod", "wrapped-1", "wrapped-1-direct", "wrapped-3")
+GROUPS: dict[str, tuple[str, ...]] = {
+    "core": ("stock-ack", "stock-eod", "wrapped-0", "wrapped-1", "wrapped-3"),
+    "default": ("stock-eod-default", "wrapped-1-default", "legacy-default", "run-1"),
+    "flow": (
+        *("stock-eod", "wrapped-1", "stock-eod-default", "wrapped-1-default"),
+        *("stock-eod-c30", "wrapped-1-c30", "stock-eod-c100", "wrapped-1-c100"),
+    ),
+    "fleet": (
+        *("stock-eod", "wrapped-1"),
+        *("stock-eod-p2", "wrapped-1-p2", "stock-eod-p4", "wrapped-1-p4"),
+    ),
+    "payload": ("stock-eod-10k", "wrapped-1-10k", "stock-eod-1m", "wrapped-1-1m"),
+    "stores": ("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-linger"),
+}
+"""Families of scenarios, usable in ``--scenarios`` in place of names."""
+
+DEFAULT_SCENARIOS = ("core", "default", "flow", "fleet", "payload")
+"""What ``python -m benchmarks.run`` runs without ``--scenarios``."""
+
+
+def expand(names: Sequence[str]) -> tuple[str, ...]:
+    """Scenario names from names and group names, baselines added, in a stable order.
+
+    Raises :class:`KeyError` naming the first unknown entry.
+    """
+    chosen: list[str] = []
+    for name in names:
+        members = GROUPS.get(name, (name,))
+        for member in members:
+            if member not in SCENARIOS:
+                raise KeyError(member)
+            chosen.append(member)
+    with_baselines: list[str] = []
+    for name in chosen:
+        for needed in (SCENARIOS[name].baseline, name):
+            if needed not in with_baselines:
+                with_baselines.append(needed)
+    if BASELINE not in with_baselines:
+        with_baselines.insert(0, BASELINE)
+    order = list(SCENARIOS)
+    return tuple(sorted(with_baselines, key=order.index))
