@@ -1,0 +1,179 @@
+"""Summarise the py-spy profiles of a session: ``python -m benchmarks.profile DIR [PATTERN]``.
+
+``python -m benchmarks.run --py-spy DIR`` leaves two raw (collapsed-stack)
+profiles per measured consumer: ``*-cpu.txt`` (only samples holding the GIL:
+where the Python CPU goes) and ``*-wall.txt`` (every thread, idle ones too:
+where a callback thread's time goes). This prints, per profile:
+
+- by component (the package of the innermost frame): the share of samples;
+- the functions with the most self time, and with the most inclusive time;
+- for wall profiles, the callback threads only (``bench*``,
+  ``ThreadPoolExecutor*``, ``pubsub-worker*``): what they were doing.
+
+Time in C threads that never take the GIL (gRPC's pollers) is not sampled;
+the consumer's total CPU is in the benchmark's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["Profile", "component", "load", "main"]
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
+_CALLBACK_THREADS = ("bench_", "ThreadPoolExecutor-ThreadScheduler", "pubsub-worker_")
+_COMPONENTS = (
+    ("pubsub_worker/stores", "pubsub_worker stores"),
+    ("pubsub_worker", "pubsub_worker"),
+    ("google/cloud/pubsub_v1", "pubsub client"),
+    ("google/pubsub_v1", "pubsub client"),
+    ("google/cloud/firestore", "firestore client"),
+    ("google/api_core", "api_core"),
+    ("grpc", "grpc"),
+    ("proto/", "proto-plus"),
+    ("google/protobuf", "protobuf"),
+    ("opentelemetry", "opentelemetry"),
+    ("benchmarks", "benchmark harness"),
+    ("logging", "logging"),
+    ("threading.py", "threading"),
+    ("concurrent/futures", "concurrent.futures"),
+    ("queue.py", "queue"),
+)
+
+
+def component(frame: str) -> str:
+    """The package a frame belongs to, coarsely (``grpc``, ``pubsub_worker`` ...)."""
+    match = _FRAME.match(frame)
+    path = match.group("file") if match else frame
+    for prefix, name in _COMPONENTS:
+        if prefix in path:
+            return name
+    return "other (stdlib, ...)"
+
+
+def _function(frame: str) -> str:
+    match = _FRAME.match(frame)
+    if not match:
+        return frame
+    return f"{match.group('func')} ({match.group('file')})"
+
+
+class Profile:
+    """One raw py-spy profile: stacks (outermost first) with their sample counts."""
+
+    def __init__(self, path: Path, stacks: Sequence[tuple[str, tuple[str, ...], int]]) -> None:
+        self.path = path
+        self.stacks = stacks  # (thread name, frames, samples)
+
+    @property
+    def samples(self) -> int:
+        return sum(count for _, _, count in self.stacks)
+
+    def only_threads(self, prefixes: Sequence[str]) -> Profile:
+        """The stacks of threads whose names start with one of ``prefixes``."""
+        kept = [s for s in self.stacks if s[0].startswith(tuple(prefixes))]
+        return Profile(self.path, kept)
+
+    def by_component(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for _, frames, count in self.stacks:
+            out[component(frames[-1]) if frames else "?"] += count
+        return out
+
+    def self_time(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for _, frames, count in self.stacks:
+            if frames:
+                out[_function(frames[-1])] += count
+        return out
+
+    def children(self, parent: str) -> Counter[str]:
+        """Samples under ``parent`` (a function name), split by the function it called."""
+        out: Counter[str] = Counter()
+        for _, frames, count in self.stacks:
+            names = [_function(f) for f in frames]
+            at = next((i for i, n in enumerate(names) if n.startswith(parent)), None)
+            if at is not None:
+                out[names[at + 1] if at + 1 < len(names) else "(self)"] += count
+        return out
+
+    def inclusive(self, within: str | None = None) -> Counter[str]:
+        """Samples in which each function appears (once per stack); ``within``: a path part."""
+        out: Counter[str] = Counter()
+        for _, frames, count in self.stacks:
+            for name in {_function(f) for f in frames}:
+                if within is None or within in name:
+                    out[name] += count
+        return out
+
+
+def load(path: Path) -> Profile:
+    """Read a raw profile (``frame;frame;... count``, a ``thread (id): name`` frame first)."""
+    stacks = []
+    for line in path.read_text().splitlines():
+        head, _, count = line.rpartition(" ")
+        if not head or not count.isdigit():
+            continue
+        frames = head.split(";")
+        thread = ""
+        if frames and frames[0].startswith("thread ("):
+            thread = frames[0].split(": ", 1)[-1]
+            frames = frames[1:]
+        stacks.append((thread, tuple(frames), int(count)))
+    return Profile(path, stacks)
+
+
+def _table(title: str, counts: Counter[str], total: int, top: int) -> Iterable[str]:
+    yield f"  {title}"
+    for name, count in counts.most_common(top):
+        yield f"    {count * 100 / max(total, 1):5.1f}%  {name}"
+
+
+def summarise(profile: Profile, top: int, under: Sequence[str] = ()) -> list[str]:
+    """The text summary of one profile; ``under``: functions to split by callee."""
+    lines = [f"{profile.path.name}: {profile.samples} samples"]
+    wall = profile.path.name.endswith("-wall.txt")
+    focus = profile.only_threads(_CALLBACK_THREADS) if wall else profile
+    total = focus.samples
+    if wall:
+        lines.append(f"  callback threads only: {total} samples")
+    lines += _table("by component (innermost frame)", focus.by_component(), total, 12)
+    lines += _table("self time", focus.self_time(), total, top)
+    lines += _table(
+        "inclusive, pubsub_worker functions", focus.inclusive("pubsub_worker"), total, top
+    )
+    for parent in under:
+        lines += _table(f"under {parent}, by callee", focus.children(parent), total, top)
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the summary of every profile in DIR whose name contains PATTERN."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("pattern", nargs="?", default="", help="part of the file names")
+    parser.add_argument("--top", type=int, default=15, help="functions per table (15)")
+    parser.add_argument(
+        "--under",
+        action="append",
+        default=[],
+        metavar="FUNCTION",
+        help="also split the samples under FUNCTION (e.g. 'ExactlyOnce.__call__') by callee",
+    )
+    args = parser.parse_args(argv)
+    paths = sorted(p for p in args.folder.glob("*.txt") if args.pattern in p.name)
+    if not paths:
+        print(f"no profiles matching {args.pattern!r} in {args.folder}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print("\n".join(summarise(load(path), args.top, args.under)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
