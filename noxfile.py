@@ -61,5 +61,5 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Throughput and memory of the wrapper vs the stock client, in the same run."""
-    _install(session, "test")
+    _install(session, "test", "bench")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
