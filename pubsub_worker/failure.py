@@ -36,8 +36,9 @@ from typing import Any
 
 from . import store as s
 from .claim import now_utc
+from .context import Publish
 from .errors import FailurePathUnavailable
-from .job import Job, Publish
+from .job import Job
 from .keys import display, document_id
 from .limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from .logs import job_logger

@@ -124,6 +124,45 @@ class FencedDocument:
                 return
             raise self._on_lost("the job document kept changing under this owner")
 
+    def complete(self, *, retention_s: float) -> None:
+        """The completion: status ``completed``, kept ``retention_s`` for a TTL policy."""
+        now = now_utc()
+        self.write(
+            {
+                (s.STATUS,): Status.COMPLETED.value,
+                (s.COMPLETED_AT,): now,
+                (s.LEASE_EXPIRES_AT,): None,
+                (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
+            }
+        )
+
+    def release(self, *, error: str | None, attempts: int) -> None:
+        """Give the job back (status ``released``) with ``attempts`` claims counted."""
+        self.write(
+            {
+                (s.STATUS,): Status.RELEASED.value,
+                (s.LEASE_EXPIRES_AT,): now_utc(),
+                (s.ERROR,): error,
+                (s.ATTEMPTS,): attempts,
+            }
+        )
+
+    def fail(
+        self, *, reason: str, error: str, extra: Mapping[str, Any], retention_s: float
+    ) -> None:
+        """The failed record of the failure path, with ``extra`` fields (the original message)."""
+        now = now_utc()
+        changes: dict[tuple[str, ...], Any] = {
+            (s.STATUS,): Status.FAILED.value,
+            (s.REASON,): reason,
+            (s.ERROR,): error,
+            (s.FAILED_AT,): now,
+            (s.LEASE_EXPIRES_AT,): None,
+            (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
+        }
+        changes.update({(name,): value for name, value in extra.items()})
+        self.write(changes)
+
     def transact(
         self,
         body: Callable[[Any], T],

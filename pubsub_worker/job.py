@@ -20,15 +20,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import store as s
 from .claim import now_utc
-from .deliveries import Delivery, DeliveryTracker
+from .context import JobContext
+from .deliveries import Delivery
 from .errors import (
     LostOwnership,
     OutboxUnsent,
@@ -36,40 +34,19 @@ from .errors import (
     ShuttingDown,
 )
 from .fencing import FencedDocument
-from .hooks import Hooks
 from .keys import JobIdentity
-from .metrics import Counter, Histogram, Metrics
-from .outbox import Outgoing, check_outgoing, entry_changes, escape, unsent
-from .records import Budget, Recorded, check_step_name, encode
-from .store import JobRecord, JobStore, OutboxEntry, Status, Version
+from .metrics import Counter, Histogram
+from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, escape, unsent
+from .records import Budget, Recorded, TransactionParts, check_step_name, encode
+from .store import JobRecord, OutboxEntry, Version
 from .tracing import DeliveryTrace
 
-__all__ = ["Job", "JobContext", "Publish"]
+__all__ = ["Job"]
+
 
 _LOGGER = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-Publish = Callable[[str, bytes, Mapping[str, str]], "Future[str]"]
-"""Publishes ``(topic_path, data, attributes)``; the future resolves to the message id."""
-
-
-@dataclass(frozen=True)
-class JobContext:
-    """What a job needs from the worker that runs it."""
-
-    store: JobStore
-    tracker: DeliveryTracker
-    metrics: Metrics
-    publish: Publish
-    topic_path: Callable[[str], str]
-    lease_s: float
-    retention_s: float
-    io_timeout_s: float
-    outbox_key_attribute: str
-    stopping: threading.Event
-    """Set when in-flight jobs must stop at their next boundary (shutdown grace is over)."""
-    hooks: Hooks
 
 
 class Job:
@@ -98,7 +75,14 @@ class Job:
         self._epoch = record.epoch
         self._attempt = record.attempts
         self._steps: dict[str, str] = {name: r.result for name, r in record.steps.items()}
-        self._unsent: list[OutboxEntry] = unsent(record.outbox)
+        self._outbox = Outbox(
+            unsent(record.outbox),
+            publish=context.publish,
+            timeout_s=context.io_timeout_s,
+            metrics=context.metrics,
+            hooks=context.hooks,
+            log=log,
+        )
         self._budget = Budget(record)
         self._doc = FencedDocument(
             store=context.store,
@@ -266,11 +250,19 @@ class Job:
 
     def begin_step(self, name: str) -> Recorded | None:
         """Checks before a step (no I/O); the recorded result if the step is done already."""
-        return self._begin(name)
+        self._check()
+        check_step_name(name)
+        if self._current_step is not None:
+            raise RuntimeError(f"step {name!r} started inside step {self._current_step!r}")
+        if name in self._steps:
+            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
+            self._log.debug("step %r already recorded; skipped", name)
+            return Recorded(json.loads(self._steps[name]))
+        return None
 
     def open_step(self, name: str) -> Recorded | None:
         """:meth:`begin_step`, then commit the previous step's record and enter ``name``."""
-        recorded = self._begin(name)
+        recorded = self.begin_step(name)
         if recorded is not None:
             return recorded
         if self._doc.staged((s.STEPS,)):
@@ -290,7 +282,7 @@ class Job:
     @property
     def unsent_count(self) -> int:
         """Committed outbox entries not published yet."""
-        return len(self._unsent)
+        return self._outbox.pending
 
     def enter_step(self, name: str) -> None:
         """From now on, :meth:`publish` queues messages for step ``name``."""
@@ -303,17 +295,17 @@ class Job:
     def record_step(self, name: str, value: Any) -> Any:
         """Stage the step's record (written now if it has outbox entries); its JSON round trip."""
         result = encode(name, value)
-        changes, entries = self._outbox_changes(name)
+        changes, entries = self.outbox_changes(name)
         self._budget.check(name, result, entries)
         self._budget.add(name, result, entries)
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._steps[name] = result
-        self._doc.stage({(s.STEPS, name): self._step_record(result), **changes})
+        self._doc.stage({(s.STEPS, name): self.step_record(result), **changes})
         self._progress()
         if entries:
             self._doc.write()  # an outbox entry is durable before it is published
             self._ctx.hooks.after_commit(self.key, name)
-            self._unsent.extend(entries)
+            self._outbox.add(entries)
             self._try_publish_unsent()
         return json.loads(result)
 
@@ -328,7 +320,7 @@ class Job:
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._ctx.hooks.after_commit(self.key, parts.name)
         self._progress()
-        self._unsent.extend(parts.committed)
+        self._outbox.add(parts.committed)
         self._try_publish_unsent()
         return json.loads(parts.result)
 
@@ -339,11 +331,12 @@ class Job:
 
     def step_record(self, result: str) -> dict[str, Any]:
         """The stored record of a step with ``result``, at this epoch."""
-        return self._step_record(result)
+        return {"result": result, "epoch": self._epoch, "at": now_utc()}
 
     def outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
         """The outbox writes of the current step's queued messages, and their entries."""
-        return self._outbox_changes(step)
+        outgoing, self._step_outbox = self._step_outbox, []
+        return entry_changes(self.key, step, outgoing, self._ctx.outbox_key_attribute)
 
     def check_budget(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
         """:class:`DocumentTooLarge` unless step ``name`` fits the document's budget."""
@@ -373,25 +366,10 @@ class Job:
 
     def publish_unsent(self) -> None:
         """Publish every committed, unsent outbox entry; :class:`OutboxUnsent` if one fails."""
-        while self._unsent:
-            entry = self._unsent[0]
-            self._check_owner()
-            self._ctx.hooks.before_publish(self.key, entry.step, entry.id)
-            try:
-                future = self._ctx.publish(entry.topic, entry.data, entry.attributes)
-                message_id = future.result(timeout=self._ctx.io_timeout_s)
-            except Exception as exc:
-                self._ctx.metrics.inc(Counter.OUTBOX_ERRORS)
-                raise OutboxUnsent(
-                    f"outbox entry of step {entry.step!r} to {entry.topic} not published: {exc}"
-                ) from exc
-            self._ctx.metrics.inc(Counter.OUTBOX_PUBLISHED)
-            self._log.info(
-                "published outbox entry of step %r to %s as %s", entry.step, entry.topic, message_id
-            )
-            self._ctx.hooks.after_publish(self.key, entry.step, entry.id)
-            self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})
-            self._unsent.pop(0)
+        self._outbox.send(self.key, before_each=self._check_owner, sent=self._mark_sent)
+
+    def _mark_sent(self, entry: OutboxEntry) -> None:
+        self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})
 
     def complete(self) -> None:
         """Publish what is unsent, then commit the completion (and any pending step record).
@@ -402,15 +380,7 @@ class Job:
         """
         self._check_owner()
         self.publish_unsent()
-        now = now_utc()
-        self._doc.write(
-            {
-                (s.STATUS,): Status.COMPLETED.value,
-                (s.COMPLETED_AT,): now,
-                (s.LEASE_EXPIRES_AT,): None,
-                (s.EXPIRE_AT,): now + timedelta(seconds=self._ctx.retention_s),
-            }
-        )
+        self._doc.complete(retention_s=self._ctx.retention_s)
         self._finished = "completed"
 
     def release(self, error: str | None, *, count_attempt: bool) -> None:
@@ -419,29 +389,13 @@ class Job:
         ``count_attempt=False`` (a shutdown) gives the attempt back too.
         Raises :class:`LostOwnership` if another owner took it meanwhile.
         """
-        changes: dict[tuple[str, ...], Any] = {
-            (s.STATUS,): Status.RELEASED.value,
-            (s.LEASE_EXPIRES_AT,): now_utc(),
-            (s.ERROR,): error,
-        }
-        if not count_attempt:
-            changes[(s.ATTEMPTS,)] = max(self._attempt - 1, 0)
-        self._doc.write(changes)
+        attempts = self._attempt if count_attempt else max(self._attempt - 1, 0)
+        self._doc.release(error=error, attempts=attempts)
         self._finished = "released"
 
     def fail(self, reason: str, error: str, extra: Mapping[str, Any]) -> None:
         """Record the job as failed (the failure path); raises if not the owner."""
-        now = now_utc()
-        changes: dict[tuple[str, ...], Any] = {
-            (s.STATUS,): Status.FAILED.value,
-            (s.REASON,): reason,
-            (s.ERROR,): error,
-            (s.FAILED_AT,): now,
-            (s.LEASE_EXPIRES_AT,): None,
-            (s.EXPIRE_AT,): now + timedelta(seconds=self._ctx.retention_s),
-        }
-        changes.update({(name,): value for name, value in extra.items()})
-        self._doc.write(changes)
+        self._doc.fail(reason=reason, error=error, extra=extra, retention_s=self._ctx.retention_s)
         self._finished = "failed"
 
     def check(self) -> None:
@@ -449,18 +403,6 @@ class Job:
         self._check()
 
     # -- internals ----------------------------------------------------------------
-
-    def _begin(self, name: str) -> Recorded | None:
-        """Checks before a step; the recorded result if the step is done already, else None."""
-        self._check()
-        check_step_name(name)
-        if self._current_step is not None:
-            raise RuntimeError(f"step {name!r} started inside step {self._current_step!r}")
-        if name in self._steps:
-            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
-            self._log.debug("step %r already recorded; skipped", name)
-            return Recorded(json.loads(self._steps[name]))
-        return None
 
     def _check_owner(self) -> None:
         if self._finished is not None:
@@ -496,44 +438,9 @@ class Job:
     def _progress(self) -> None:
         self.last_progress = time.monotonic()
 
-    def _step_record(self, result: str) -> dict[str, Any]:
-        return {"result": result, "epoch": self._epoch, "at": now_utc()}
-
-    def _outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
-        outgoing, self._step_outbox = self._step_outbox, []
-        return entry_changes(self.key, step, outgoing, self._ctx.outbox_key_attribute)
-
     def _try_publish_unsent(self) -> None:
         """Publish now if possible; a failure leaves the entry for the completion to retry."""
         try:
             self.publish_unsent()
         except OutboxUnsent as exc:
             self._log.warning("%s; published again before the job completes", exc)
-
-
-class TransactionParts:
-    """The job side of one transactional step: its changes, and adopting a lost reply."""
-
-    def __init__(self, job: Job, name: str) -> None:
-        self.name = name
-        self.result = ""
-        self.committed: list[OutboxEntry] = []
-        """The outbox entries of the attempt that commits."""
-        self._job = job
-
-    def changes(self, value: Any) -> dict[tuple[str, ...], Any]:
-        """The step record and outbox entries of the attempt that returned ``value``."""
-        job = self._job
-        self.result = encode(self.name, value)
-        outbox, self.committed = job.outbox_changes(self.name)
-        job.check_budget(self.name, self.result, self.committed)
-        return {(s.STEPS, self.name): job.step_record(self.result), **outbox}
-
-    def adopt(self, record: JobRecord) -> bool:
-        """True if ``record`` shows this step committed at our epoch (a reply that was lost)."""
-        done = record.steps.get(self.name)
-        if done is None or done.epoch != self._job.epoch:
-            return False
-        self.result = done.result
-        self.committed = [e for e in record.outbox.values() if e.step == self.name and not e.sent]
-        return True

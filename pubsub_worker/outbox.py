@@ -1,6 +1,7 @@
 """The outbox: messages a step publishes, committed with the step and published after it.
 
-Pure functions: an entry's id, its effect key and its stamped attributes.
+Pure functions for an entry's id, its effect key and its stamped
+attributes, and :class:`Outbox`, a job's entries waiting to be published.
 An entry is written to the job document in its step's commit with
 ``sent: false``, published after the commit with the effect key
 ``{key}:{step}:{n}`` in ``OUTBOX_KEY_ATTRIBUTE`` and the step name in
@@ -11,13 +12,17 @@ keyed on the effect key drops a republished copy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from . import store as s
-from .errors import LimitExceeded
+from .errors import LimitExceeded, OutboxUnsent
+from .hooks import Hooks
 from .limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
+from .metrics import Counter, Metrics
 from .settings import LIBRARY_ATTRIBUTE_PREFIX
 from .store import OutboxEntry
 
@@ -25,6 +30,7 @@ __all__ = [
     "LIBRARY_ATTRIBUTE_PREFIX",
     "MAX_OUTBOX_DATA_BYTES",
     "STEP_ATTRIBUTE",
+    "Outbox",
     "Outgoing",
     "effect_key",
     "entry_changes",
@@ -117,6 +123,68 @@ def entry_changes(
         }
         entries.append(OutboxEntry(entry_id, message.topic, message.data, stamped, step, False))
     return changes, entries
+
+
+class Outbox:
+    """A job's committed entries not yet published, and the loop that publishes them."""
+
+    def __init__(
+        self,
+        entries: list[OutboxEntry],
+        *,
+        publish: Callable[[str, bytes, Mapping[str, str]], Future[str]],
+        timeout_s: float,
+        metrics: Metrics,
+        hooks: Hooks,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self._unsent = list(entries)
+        self._publish = publish
+        self._timeout_s = timeout_s
+        self._metrics = metrics
+        self._hooks = hooks
+        self._log = log
+
+    @property
+    def pending(self) -> int:
+        """Entries committed and not published yet."""
+        return len(self._unsent)
+
+    def add(self, entries: list[OutboxEntry]) -> None:
+        """Entries whose commit is durable: they may be published now."""
+        self._unsent.extend(entries)
+
+    def send(
+        self,
+        key: str,
+        *,
+        before_each: Callable[[], None],
+        sent: Callable[[OutboxEntry], None],
+    ) -> None:
+        """Publish every pending entry in order; :class:`OutboxUnsent` at the first failure.
+
+        ``before_each`` may raise (ownership lost) to stop; ``sent(entry)``
+        stages the entry's ``sent`` mark for the job's next write.
+        """
+        while self._unsent:
+            entry = self._unsent[0]
+            before_each()
+            self._hooks.before_publish(key, entry.step, entry.id)
+            try:
+                future = self._publish(entry.topic, entry.data, entry.attributes)
+                message_id = future.result(timeout=self._timeout_s)
+            except Exception as exc:
+                self._metrics.inc(Counter.OUTBOX_ERRORS)
+                raise OutboxUnsent(
+                    f"outbox entry of step {entry.step!r} to {entry.topic} not published: {exc}"
+                ) from exc
+            self._metrics.inc(Counter.OUTBOX_PUBLISHED)
+            self._log.info(
+                "published outbox entry of step %r to %s as %s", entry.step, entry.topic, message_id
+            )
+            self._hooks.after_publish(key, entry.step, entry.id)
+            sent(entry)
+            self._unsent.pop(0)
 
 
 def unsent(outbox: Mapping[str, OutboxEntry]) -> list[OutboxEntry]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from . import store as s
 from .errors import DocumentTooLarge, PermanentError
 from .limits import MAX_DOCUMENT_BYTES
 from .store import JobRecord, OutboxEntry
@@ -24,6 +25,8 @@ __all__ = [
     "STEPS_BUDGET_BYTES",
     "Budget",
     "Recorded",
+    "StepRecorder",
+    "TransactionParts",
     "check_step_name",
     "encode",
 ]
@@ -109,3 +112,44 @@ def encode(step: str, value: Any) -> str:
             "are recorded (store large outputs elsewhere and return their reference)"
         )
     return text
+
+
+class StepRecorder(Protocol):
+    """What :class:`TransactionParts` needs of the job."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]: ...
+
+    def check_budget(self, name: str, result: str, entries: list[OutboxEntry]) -> None: ...
+
+    def step_record(self, result: str) -> dict[str, Any]: ...
+
+
+class TransactionParts:
+    """The job side of one transactional step: its changes, and adopting a lost reply."""
+
+    def __init__(self, job: StepRecorder, name: str) -> None:
+        self.name = name
+        self.result = ""
+        self.committed: list[OutboxEntry] = []
+        """The outbox entries of the attempt that commits."""
+        self._job = job
+
+    def changes(self, value: Any) -> dict[tuple[str, ...], Any]:
+        """The step record and outbox entries of the attempt that returned ``value``."""
+        job = self._job
+        self.result = encode(self.name, value)
+        outbox, self.committed = job.outbox_changes(self.name)
+        job.check_budget(self.name, self.result, self.committed)
+        return {(s.STEPS, self.name): job.step_record(self.result), **outbox}
+
+    def adopt(self, record: JobRecord) -> bool:
+        """True if ``record`` shows this step committed at our epoch (a reply that was lost)."""
+        done = record.steps.get(self.name)
+        if done is None or done.epoch != self._job.epoch:
+            return False
+        self.result = done.result
+        self.committed = [e for e in record.outbox.values() if e.step == self.name and not e.sent]
+        return True

@@ -22,11 +22,11 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from . import clients
+from .context import JobContext, Publish
 from .deliveries import DeliveryTracker, KeyGate
 from .errors import ConfigError, Unreachable
 from .failure import FailurePath
 from .hooks import Hooks
-from .job import JobContext, Publish
 from .lease import LeaseKeeper
 from .metrics import Metrics
 from .settings import Settings

@@ -1,0 +1,36 @@
+"""What a job needs from the worker that runs it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from .deliveries import DeliveryTracker
+from .hooks import Hooks
+from .metrics import Metrics
+from .store import JobStore
+
+__all__ = ["JobContext", "Publish"]
+
+Publish = Callable[[str, bytes, Mapping[str, str]], "Future[str]"]
+"""Publishes ``(topic_path, data, attributes)``; the future resolves to the message id."""
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a job needs from the worker that runs it."""
+
+    store: JobStore
+    tracker: DeliveryTracker
+    metrics: Metrics
+    publish: Publish
+    topic_path: Callable[[str], str]
+    lease_s: float
+    retention_s: float
+    io_timeout_s: float
+    outbox_key_attribute: str
+    stopping: threading.Event
+    """Set when in-flight jobs must stop at their next boundary (shutdown grace is over)."""
+    hooks: Hooks
