@@ -24,8 +24,6 @@ import functools
 import json
 import os
 import queue
-import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,8 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks import profile
 from benchmarks.consumer import ConsumerConfig
-from benchmarks.machine import CpuMark, cpu_between, mark
+from benchmarks.machine import mark
+from benchmarks.measure import cpu_shares, phase_stats
 from benchmarks.scenarios import Scenario
 
 __all__ = ["ConsumerFailed", "Plan", "Publisher", "Stalled", "run_once"]
@@ -300,40 +300,6 @@ class _Fleet:
             member.log.close()
 
 
-def _spies(plan: Plan, fleet: _Fleet) -> list[subprocess.Popen[bytes]]:
-    """Two py-spy profiles per consumer: CPU (samples holding the GIL) and wall (all threads)."""
-    if plan.py_spy is None or plan.profiles is None:
-        return []
-    plan.profiles.mkdir(parents=True, exist_ok=True)
-    spies = []
-    for member in fleet.members:
-        for mode, flags in (("cpu", ("--gil",)), ("wall", ("--idle", "--threads"))):
-            out = plan.profiles / f"{plan.label}-p{member.index}-{mode}.txt"
-            spies.append(
-                subprocess.Popen(
-                    [
-                        *(plan.py_spy, "record", "--pid", str(member.pid), "--rate", "100"),
-                        *("--nonblocking", *flags, "--format", "raw", "--output", str(out)),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-    time.sleep(1.0)  # attached before the measurement starts
-    return spies
-
-
-def _stop_spies(spies: list[subprocess.Popen[bytes]]) -> None:
-    for spy in spies:
-        spy.send_signal(signal.SIGINT)
-    for spy in spies:
-        try:
-            spy.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
-            spy.wait()
-
-
 def run_once(
     plan: Plan,
     emulators: Any,
@@ -391,7 +357,11 @@ def _measure(
 ) -> None:
     """The throughput phase: every process starts at once; CPU is counted around it."""
     fleet.until(lambda: all(m.ready for m in fleet.members), _READY_S, "ready consumers")
-    spies = _spies(plan, fleet)
+    spies = []
+    if plan.py_spy is not None and plan.profiles is not None:
+        spies = profile.record(
+            plan.py_spy, {f"{plan.label}-p{m.index}": m.pid for m in fleet.members}, plan.profiles
+        )
     try:
         before = mark(pids)
         fleet.send_all("go")
@@ -400,9 +370,9 @@ def _measure(
         fleet.mark_all("backlog")
         after = mark(pids)
     finally:
-        _stop_spies(spies)
+        profile.stop(spies)
     phases["backlog"] = _phase(fleet, backlog, "start", "backlog", plan)
-    phases["backlog"].update(_cpu(before, after, fleet))
+    phases["backlog"].update(cpu_shares(before, after, fleet.members))
 
 
 def _latency(
@@ -431,80 +401,11 @@ def _latency(
         phases["lone"] = _phase(fleet, lone, previous, "lone", plan)
 
 
-def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    ordered = sorted(values)
-
-    def pick(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {
-        "mean": statistics.fmean(ordered),
-        "p50": pick(0.50),
-        "p90": pick(0.90),
-        "p99": pick(0.99),
-        "max": ordered[-1],
-    }
-
-
-def _delta(fleet: _Fleet, first: str, last: str, kind: str) -> dict[str, dict[str, int]]:
-    """RPC calls and items of ``kind`` (pubsub or firestore) between two marks, fleet-wide."""
-    out: dict[str, dict[str, int]] = {"calls": {}, "items": {}}
-    for member in fleet.members:
-        before, after = member.marks[first][kind], member.marks[last][kind]
-        for what in ("calls", "items"):
-            for method, value in after[what].items():
-                moved = value - before[what].get(method, 0)
-                if moved:
-                    out[what][method] = out[what].get(method, 0) + moved
-    return out
-
-
 def _phase(fleet: _Fleet, ids: Sequence[str], first: str, last: str, plan: Plan) -> dict[str, Any]:
-    """Throughput, times and RPCs of one phase, from its messages' records and the marks."""
+    """One phase's figures from the records of its messages and the marks around it."""
     records = [fleet.done[i] for i in ids if i in fleet.done]
-    count = max(len(records), 1)
-    begin = min(r[1] for r in records)
-    end = max(r[3] for r in records)
-    elapsed = max(end - begin, 1e-9)
-    firestore = _delta(fleet, first, last, "firestore")
-    pubsub = _delta(fleet, first, last, "pubsub")
     slots = plan.scenario.threads(plan.concurrency) * plan.scenario.processes
-    return {
-        "messages": len(records),
-        "elapsed_s": elapsed,
-        "msgs_per_s": len(records) / elapsed,
-        "callback_ms": _percentiles([(r[2] - r[1]) * 1000 for r in records]),
-        "slot_ms": _percentiles([(r[3] - r[1]) * 1000 for r in records]),
-        "latency_ms": _percentiles([(r[5] - r[4]) * 1000 for r in records if r[4]]),
-        # Share of the callback threads busy in a callback: below 1, messages came too slowly.
-        "occupancy": sum(r[2] - r[1] for r in records) / (elapsed * slots),
-        "firestore": firestore,
-        "pubsub": pubsub,
-        "firestore_rpcs_per_msg": sum(firestore["calls"].values()) / count,
-        "firestore_writes_per_msg": sum(firestore["items"].values()) / count,
-        "pubsub_rpcs_per_msg": sum(pubsub["calls"].values()) / count,
-        "consumer_cpu_s": [m.marks[last]["cpu_s"] - m.marks[first]["cpu_s"] for m in fleet.members],
-        "leased_peak": [m.marks[last]["leased_peak"] for m in fleet.members],
-        "per_process_msgs": [sum(1 for r in records if r[6] == m.index) for m in fleet.members],
-    }
-
-
-def _cpu(before: CpuMark, after: CpuMark, fleet: _Fleet) -> dict[str, Any]:
-    """Emulators' and the machine's CPU over the phase; the rest of the machine as "others"."""
-    spent = cpu_between(before, after)
-    consumers = sum(m.marks["backlog"]["cpu_s"] - m.marks["start"]["cpu_s"] for m in fleet.members)
-    ours = (
-        consumers
-        + spent.get("firestore_emulator_s", 0.0)
-        + spent.get("pubsub_emulator_s", 0.0)
-        + spent["orchestrator_s"]
-    )
-    spent["other_load_cores"] = max(spent["machine_busy_s"] - ours, 0.0) / max(
-        spent["wall_s"], 1e-9
-    )
-    return spent
+    return phase_stats(records, fleet.members, first, last, slots)
 
 
 def _process_summary(fleet: _Fleet) -> dict[str, Any]:

@@ -1,29 +1,35 @@
-"""Summarise the py-spy profiles of a session: ``python -m benchmarks.profile DIR [PATTERN]``.
+"""py-spy profiles of the consumers: recorded in a run, summarised afterwards.
 
-``python -m benchmarks.run --py-spy DIR`` leaves two raw (collapsed-stack)
-profiles per measured consumer: ``*-cpu.txt`` (only samples holding the GIL:
-where the Python CPU goes) and ``*-wall.txt`` (every thread, idle ones too:
-where a callback thread's time goes). This prints, per profile:
+``python -m benchmarks.run --py-spy DIR`` records (:func:`record`) two raw
+(collapsed-stack) profiles of each measured consumer's backlog phase:
+``*-cpu.txt`` (only samples holding the GIL: where the Python CPU goes) and
+``*-wall.txt`` (every thread, idle ones too: where a callback thread's time
+goes). ``python -m benchmarks.profile DIR [PATTERN] [--under FUNCTION]``
+prints, per profile:
 
 - by component (the package of the innermost frame): the share of samples;
 - the functions with the most self time, and with the most inclusive time;
-- for wall profiles, the callback threads only (``bench*``,
-  ``ThreadPoolExecutor*``, ``pubsub-worker*``): what they were doing.
+- with ``--under``, the samples under a function split by what it called;
+- for wall profiles, the callback threads only (``bench_*``,
+  ``ThreadPoolExecutor-ThreadScheduler*``, ``pubsub-worker_*``).
 
-Time in C threads that never take the GIL (gRPC's pollers) is not sampled;
-the consumer's total CPU is in the benchmark's report.
+Time in C threads that never take the GIL (gRPC's pollers) is not sampled:
+compare the samples with the consumer's CPU time in the benchmark's report.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["Profile", "component", "load", "main"]
+__all__ = ["Profile", "component", "load", "main", "record", "stop"]
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 _CALLBACK_THREADS = ("bench_", "ThreadPoolExecutor-ThreadScheduler", "pubsub-worker_")
@@ -44,6 +50,43 @@ _COMPONENTS = (
     ("concurrent/futures", "concurrent.futures"),
     ("queue.py", "queue"),
 )
+
+
+def record(exe: str, pids: Mapping[str, int], folder: Path) -> list[subprocess.Popen[bytes]]:
+    """Start two py-spy recorders per process (``name -> pid``): CPU (``--gil``) and wall.
+
+    100 samples a second, without pausing the process (``--nonblocking``):
+    the sampling still perturbs the numbers, a diagnostic, not a measurement.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for name, pid in pids.items():
+        for mode, flags in (("cpu", ("--gil",)), ("wall", ("--idle", "--threads"))):
+            out = folder / f"{name}-{mode}.txt"
+            spies.append(
+                subprocess.Popen(
+                    [
+                        *(exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking"),
+                        *(*flags, "--format", "raw", "--output", str(out)),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+    time.sleep(1.0)  # attached before the measurement starts
+    return spies
+
+
+def stop(spies: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stop the recorders (SIGINT makes py-spy write its file) and wait for them, bounded."""
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        try:
+            spy.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
 
 
 def component(frame: str) -> str:

@@ -124,6 +124,10 @@ def summarize(
             "lone_latency_p50_ms": _median(
                 _values(good, lambda r: r["phases"]["lone"]["latency_ms"]["p50"])
             ),
+            "lone_callback_ms": _median(
+                _values(good, lambda r: r["phases"]["lone"]["callback_ms"]["p50"])
+            ),
+            "lone_slot_ms": _median(_values(good, lambda r: r["phases"]["lone"]["slot_ms"]["p50"])),
             "latency_p50_ms": _median(
                 _values(good, lambda r: r["phases"]["paced"]["latency_ms"]["p50"])
             ),
@@ -255,19 +259,25 @@ def _time_table(report: dict[str, Any]) -> list[str]:
     labels: dict[str, str] = report["scenarios"]
     lines = [
         "| scenario | in flight (limit) / threads | callback ms | to ack answered ms "
-        "| consumer CPU | Firestore emulator CPU | Pub/Sub emulator CPU | writes per RPC "
+        "| lone: callback / to ack ms | consumer CPU | Firestore emulator CPU "
+        "| Pub/Sub emulator CPU | writes per RPC "
         "| RSS MB per 1,000 held | machine busy | others (cores) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         cpu = row["cpu_ms_per_msg"]
+        lone = (
+            f"{_num(row['lone_callback_ms'], 1)} / {_num(row['lone_slot_ms'], 1)}"
+            if row["lone_callback_ms"] is not None
+            else "-"
+        )
         writes, rpcs = row["firestore_writes_per_msg"], row["firestore_rpcs_per_msg"]
         per_rpc = writes / rpcs if writes and rpcs else None
         procs = f"{row['processes']} x " if row["processes"] > 1 else ""
         held = f"{procs}{_num(row['leased_peak'])} ({row['in_flight_limit']}) / {row['threads']}"
         lines.append(
             f"| {labels[name]} | {held} | {_num(row['callback_mean_ms'], 1)} "
-            f"| {_num(row['slot_mean_ms'], 1)} "
+            f"| {_num(row['slot_mean_ms'], 1)} | {lone} "
             f"| {_num(cpu['consumer'], 2)} | {_num(cpu['firestore_emulator'], 2)} "
             f"| {_num(cpu['pubsub_emulator'], 2)} | {_num(per_rpc, 1) if per_rpc else '-'} "
             f"| {_num(row['rss_per_1000_mb'], 0) if row['rss_per_1000_mb'] else '-'} "
@@ -301,7 +311,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "### Where the time goes",
         "",
-        "Backlog phase, medians. In flight: the most messages the client held at once "
+        "Backlog phase, medians (lone: the median lone message). In flight: the most messages "
+        "the client held at once "
         "(received, not yet settled; per process), against its flow-control limit. Callback: "
         "wall time of one callback; to ack answered: from its start to the ack's answer (the "
         "wrapper sends its ack without waiting; the client keeps the flow-control slot until "

@@ -179,7 +179,7 @@ def _fleet_target(summary: dict[str, Any]) -> Target:
     # limit the target allows.
     grows = all(
         later > earlier * 1.05 or later_busy >= 0.9
-        for earlier, later, later_busy in zip(rates, rates[1:], busy[1:], strict=True)
+        for earlier, later, later_busy in zip(rates[:-1], rates[1:], busy[1:], strict=True)
     )
     return {"target": text, "measured": measured, "met": grows, "why": "fleet"}
 

@@ -1,0 +1,112 @@
+"""The figures of one phase, from the consumers' records and marks (see :mod:`benchmarks.fleet`)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from benchmarks.machine import CpuMark, cpu_between
+
+__all__ = ["Member", "cpu_shares", "percentiles", "phase_stats", "rpc_delta"]
+
+
+class Member(Protocol):
+    """A consumer process as the figures see it: its place and the marks it sent."""
+
+    index: int
+    marks: dict[str, dict[str, Any]]
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean, p50, p90, p99 and max of ``values`` (all None for none)."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": pick(0.50),
+        "p90": pick(0.90),
+        "p99": pick(0.99),
+        "max": ordered[-1],
+    }
+
+
+def rpc_delta(
+    members: Sequence[Member], first: str, last: str, kind: str
+) -> dict[str, dict[str, int]]:
+    """RPC calls and items of ``kind`` (pubsub or firestore) between two marks, fleet-wide."""
+    out: dict[str, dict[str, int]] = {"calls": {}, "items": {}}
+    for member in members:
+        before, after = member.marks[first][kind], member.marks[last][kind]
+        for what in ("calls", "items"):
+            for method, value in after[what].items():
+                moved = value - before[what].get(method, 0)
+                if moved:
+                    out[what][method] = out[what].get(method, 0) + moved
+    return out
+
+
+def phase_stats(
+    records: Sequence[Sequence[Any]],
+    members: Sequence[Member],
+    first: str,
+    last: str,
+    slots: int,
+) -> dict[str, Any]:
+    """Throughput, times and RPCs of one phase.
+
+    ``records`` are the phase's finished messages (``[id, start, end, done,
+    publish_wall, done_wall, process]``, see :mod:`benchmarks.consumer`);
+    ``first`` and ``last`` name the marks around the phase; ``slots`` is the
+    callback threads of the whole fleet.
+    """
+    count = max(len(records), 1)
+    begin = min(r[1] for r in records)
+    end = max(r[3] for r in records)
+    elapsed = max(end - begin, 1e-9)
+    firestore = rpc_delta(members, first, last, "firestore")
+    pubsub = rpc_delta(members, first, last, "pubsub")
+    return {
+        "messages": len(records),
+        "elapsed_s": elapsed,
+        "msgs_per_s": len(records) / elapsed,
+        "callback_ms": percentiles([(r[2] - r[1]) * 1000 for r in records]),
+        "slot_ms": percentiles([(r[3] - r[1]) * 1000 for r in records]),
+        "latency_ms": percentiles([(r[5] - r[4]) * 1000 for r in records if r[4]]),
+        # Share of the callback threads busy in a callback: below 1, messages came too slowly.
+        "occupancy": sum(r[2] - r[1] for r in records) / (elapsed * slots),
+        "firestore": firestore,
+        "pubsub": pubsub,
+        "firestore_rpcs_per_msg": sum(firestore["calls"].values()) / count,
+        "firestore_writes_per_msg": sum(firestore["items"].values()) / count,
+        "pubsub_rpcs_per_msg": sum(pubsub["calls"].values()) / count,
+        "consumer_cpu_s": [m.marks[last]["cpu_s"] - m.marks[first]["cpu_s"] for m in members],
+        "leased_peak": [m.marks[last]["leased_peak"] for m in members],
+        "per_process_msgs": [sum(1 for r in records if r[6] == m.index) for m in members],
+    }
+
+
+def cpu_shares(before: CpuMark, after: CpuMark, members: Sequence[Member]) -> dict[str, Any]:
+    """Emulators' and the machine's CPU over the backlog phase; the rest as "others".
+
+    "Others" is what processes outside the benchmark used meanwhile, in
+    cores: the machine's busy time less the consumers' (their own account),
+    the emulators' and the orchestrator's.
+    """
+    spent = cpu_between(before, after)
+    consumers = sum(m.marks["backlog"]["cpu_s"] - m.marks["start"]["cpu_s"] for m in members)
+    ours = (
+        consumers
+        + spent.get("firestore_emulator_s", 0.0)
+        + spent.get("pubsub_emulator_s", 0.0)
+        + spent["orchestrator_s"]
+    )
+    spent["other_load_cores"] = max(spent["machine_busy_s"] - ours, 0.0) / max(
+        spent["wall_s"], 1e-9
+    )
+    return spent
