@@ -1,23 +1,33 @@
-"""``run()``: a blocking worker with the lease settings, flow control and shutdown done right."""
+"""``run()``: a blocking worker with the lease settings, flow control and shutdown done right.
+
+:func:`run` is one worker process. :func:`supervise` is ``pubsub-worker run
+--processes N``: N such processes on one subscription, for a handler that
+one process's GIL holds back. It forwards SIGTERM and SIGINT to them and
+restarts none: a process that dies is logged, the others are stopped like
+on SIGTERM, and the supervisor exits non-zero.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
 from . import clients
+from .serve import DEFAULT_HOST, Health, MetricsServer
 from .settings import Settings
 from .wrapper import ExactlyOnce, Handler, exactly_once
 
-__all__ = ["ReceiptScheduler", "flow_control", "run"]
+__all__ = ["ReceiptScheduler", "flow_control", "run", "supervise"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -69,6 +79,8 @@ def run(
     settings: Settings | None = None,
     subscriber: pubsub_v1.SubscriberClient | None = None,
     stop: threading.Event | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = DEFAULT_HOST,
     **wrapper_options: Any,
 ) -> int:
     """Consume the configured subscription until SIGTERM/SIGINT (or ``stop`` is set).
@@ -80,6 +92,11 @@ def run(
     never acked. Returns 0 after a requested stop; raises
     :class:`~pubsub_worker.errors.ConfigError` or
     :class:`~pubsub_worker.errors.Unreachable` at start-up.
+
+    With ``metrics_port`` the worker serves ``/metrics``, ``/livez`` and
+    ``/readyz`` on ``metrics_host:metrics_port`` from before its start-up
+    checks until it has stopped (:mod:`pubsub_worker.serve`; 0 picks a free
+    port and logs it); readiness follows the streaming pull future.
     """
     settings = settings or Settings.from_env()
     subscriber = subscriber or clients.subscriber_client(settings)
@@ -88,6 +105,30 @@ def run(
         if isinstance(handler, ExactlyOnce)
         else exactly_once(handler, settings=settings, subscriber=subscriber, **wrapper_options)
     )
+    endpoint = _endpoint(metrics_port, metrics_host)
+    try:
+        return _consume(wrapped, settings, subscriber, stop, endpoint)
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+
+
+def _endpoint(port: int | None, host: str) -> MetricsServer | None:
+    """The started metrics and health endpoint, or None when no port was asked for."""
+    if port is None:
+        return None
+    endpoint = MetricsServer(Health(), port=port, host=host)
+    endpoint.start()
+    return endpoint
+
+
+def _consume(
+    wrapped: ExactlyOnce,
+    settings: Settings,
+    subscriber: pubsub_v1.SubscriberClient,
+    stop: threading.Event | None,
+    endpoint: MetricsServer | None,
+) -> int:
     wrapped.start(settings)
     stop = stop or threading.Event()
     restore = _install_signal_handlers(stop)
@@ -101,6 +142,9 @@ def run(
         scheduler=ReceiptScheduler(executor, wrapped),
         await_callbacks_on_shutdown=True,
     )
+    if endpoint is not None:
+        endpoint.metrics = wrapped.metrics
+        endpoint.health.running(cast("Future[Any]", streaming))
     _LOGGER.info(
         "consuming %s (lease %d s, cap %d s, %d in flight)",
         settings.subscription_path,
@@ -113,6 +157,8 @@ def run(
             if streaming.done():  # the stream failed for good
                 streaming.result()
     finally:
+        if endpoint is not None:
+            endpoint.health.stopping()
         restore()
         _shutdown(wrapped, streaming, settings)
         subscriber.close()
@@ -145,6 +191,135 @@ def _install_signal_handlers(stop: threading.Event) -> Any:
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         _LOGGER.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+# -- several processes ----------------------------------------------------------------
+
+_SUPERVISE_POLL_S = 0.2
+
+
+def supervise(
+    commands: Sequence[Sequence[str]],
+    *,
+    stop_timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run one worker process per command until SIGTERM/SIGINT; restart none of them.
+
+    A stop signal is forwarded to every process, which stops like a single
+    worker does (in-flight jobs get the grace period, unfinished ones are
+    released). A process that exits without a stop request is logged, the
+    others get SIGTERM, and the supervisor exits non-zero: a crashing worker
+    is never restarted silently. A process still running ``stop_timeout_s``
+    after it was told to stop is killed (its jobs come back after their
+    lease). Returns 0 when a requested stop ended every process with 0;
+    otherwise the dead process's exit code (1 if it died of a signal) or 1.
+    """
+    received: list[int] = []
+    stop = threading.Event()
+    restore = _install_forwarding(stop, received)
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for index, command in enumerate(commands, start=1):
+            child = subprocess.Popen(list(command), env=dict(env) if env is not None else None)
+            children.append(child)
+            _LOGGER.info(
+                "worker process %d of %d started (pid %d)", index, len(commands), child.pid
+            )
+        dead = _wait_for_stop_or_death(children, stop)
+        if dead is not None:
+            index, child = dead
+            _LOGGER.error(
+                "worker process %d (pid %d) exited with %s without a stop request; "
+                "stopping the others (none is restarted)",
+                index,
+                child.pid,
+                _exit_text(child.returncode),
+            )
+            _stop(children, signal.SIGTERM, stop_timeout_s)
+            return child.returncode if child.returncode > 0 else 1
+        signum = received[-1] if received else signal.SIGTERM
+        codes = _stop(children, signum, stop_timeout_s)
+    finally:
+        restore()
+        for child in children:  # only if something above raised: never leave one behind
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    failed = {pid: code for pid, code in codes.items() if code != 0}
+    if failed:
+        _LOGGER.error(
+            "%d worker process(es) did not stop cleanly: %s",
+            len(failed),
+            ", ".join(f"pid {pid} {_exit_text(code)}" for pid, code in failed.items()),
+        )
+        return 1
+    _LOGGER.info("all %d worker processes stopped", len(children))
+    return 0
+
+
+def _wait_for_stop_or_death(
+    children: list[subprocess.Popen[bytes]], stop: threading.Event
+) -> tuple[int, subprocess.Popen[bytes]] | None:
+    """Wait for a stop request (None) or a process that exits first (its number and itself)."""
+    while not stop.wait(_SUPERVISE_POLL_S):
+        for index, child in enumerate(children, start=1):
+            if child.poll() is not None:
+                return index, child
+    return None
+
+
+def _stop(children: list[subprocess.Popen[bytes]], signum: int, timeout_s: float) -> dict[int, int]:
+    """Send ``signum`` to every running process, wait up to ``timeout_s``, kill the rest."""
+    running = [child for child in children if child.poll() is None]
+    if running:
+        _LOGGER.info(
+            "forwarding %s to %d worker process(es)", signal.Signals(signum).name, len(running)
+        )
+    for child in running:
+        child.send_signal(signum)
+    deadline = time.monotonic() + timeout_s
+    for child in running:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            _LOGGER.warning(
+                "worker process pid %d still running %.0f s after %s; killing it",
+                child.pid,
+                timeout_s,
+                signal.Signals(signum).name,
+            )
+            child.kill()
+            child.wait()
+    return {child.pid: child.returncode for child in children}
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def _install_forwarding(stop: threading.Event, received: list[int]) -> Any:
+    """SIGTERM/SIGINT set ``stop`` and are remembered (forwarded as the same signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        _LOGGER.info("received %s", signal.Signals(signum).name)
+        received.append(signum)
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
