@@ -1,0 +1,454 @@
+"""``pubsub-worker config``: the effective configuration, checked against what it names.
+
+:func:`effective_settings` lists every setting with its value (secrets
+masked) and where it came from. :func:`run_checks` then asks Pub/Sub and
+Firestore, once each, whether the worker would run as configured:
+
+=====================  ===============================================================
+check                  a problem (exit 1) when
+=====================  ===============================================================
+subscription           it does not exist, is a push subscription, or its topic was
+                       deleted
+exactly-once delivery  it is off and ``ALLOW_AT_LEAST_ONCE`` is not set (a warning if set)
+ack deadline           never: a warning when it differs from ``LEASE_SECONDS``
+retry policy           never: a hint when absent
+dead-letter policy     its topic does not exist; a warning when Pub/Sub could dead-letter
+                       a message before the worker's own failure path (``MAX_ATTEMPTS``)
+failure topic          ``FAILURE_TOPIC`` is set and the topic does not exist (a warning
+                       when unset)
+Firestore              it does not answer
+TTL policy, indexes    never: hints with the ``gcloud`` commands (checked through the
+                       Firestore Admin API on real Firestore, where permitted)
+=====================  ===============================================================
+
+The pure part (:func:`subscription_checks`) judges a subscription as read;
+the rest is I/O with short timeouts. Nothing here writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from pydantic import SecretBytes, SecretStr
+
+from . import clients
+from .errors import ConfigError, Unreachable
+from .jobs import LIST_INDEXES, IndexField, index_commands
+from .settings import Settings, env_name
+
+__all__ = [
+    "CLOUD_RUN_GRACE_S",
+    "Check",
+    "Level",
+    "SettingRow",
+    "cloud_run",
+    "effective_settings",
+    "platform_overrides",
+    "run_checks",
+    "subscription_checks",
+    "ttl_command",
+]
+
+_TIMEOUT_S = 10.0
+
+CLOUD_RUN_GRACE_S = 5.0
+"""``SHUTDOWN_GRACE_SECONDS`` on Cloud Run unless set: it sends SIGKILL 10 s after SIGTERM,
+and the rest of those 10 s is for jobs to reach a step boundary, be released and close."""
+
+_CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
+"""Variables Cloud Run sets in a worker pool, a service and a job."""
+
+_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|private", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*(?=@)", re.IGNORECASE)
+_MASK = "********"
+
+
+class Level(str, Enum):
+    """How much a check's finding matters."""
+
+    OK = "ok"
+    """As it should be."""
+    PROBLEM = "problem"
+    """The worker would refuse to start, or lose or mishandle messages: fix it."""
+    WARNING = "warning"
+    """Works, with a cost the operator should know about."""
+    HINT = "hint"
+    """Something to set up outside the worker (or that could not be checked)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding."""
+
+    name: str
+    level: Level
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        """``{"check", "level", "detail"}``."""
+        return {"check": self.name, "level": self.level.value, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    """One setting as in effect: the variable, its value as shown, and where it came from."""
+
+    variable: str
+    value: str
+    source: str
+    """``environment``, ``default``, or the reason of a platform default (``Cloud Run``)."""
+
+
+def cloud_run(environ: Mapping[str, str]) -> str | None:
+    """The Cloud Run marker variable set in ``environ``, or None off Cloud Run."""
+    return next((name for name in _CLOUD_RUN_MARKERS if environ.get(name)), None)
+
+
+def platform_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Defaults that differ on the platform the worker runs on; a set variable always wins.
+
+    On Cloud Run the shutdown grace is :data:`CLOUD_RUN_GRACE_S`, so that a
+    stop fits its 10 s SIGTERM window.
+    """
+    if cloud_run(environ) and env_name("shutdown_grace_seconds") not in environ:
+        return {"shutdown_grace_seconds": CLOUD_RUN_GRACE_S}
+    return {}
+
+
+def mask(name: str, value: Any) -> str:
+    """``value`` as ``config`` may print it: secrets and URL passwords masked."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, (SecretStr, SecretBytes)) or (_SECRET_NAME.search(name) and value):
+        return _MASK
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + _MASK, str(value))
+
+
+def effective_settings(
+    settings: Settings, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+) -> list[SettingRow]:
+    """Every setting with its value and source, then the derived paths and credentials."""
+    overrides = overrides or {}
+    rows = []
+    for field in type(settings).model_fields:
+        variable = env_name(field)
+        if field in overrides:
+            source = f"{cloud_run(environ) or 'platform'} default"
+        elif variable in environ:
+            source = "environment"
+        else:
+            source = "default"
+        rows.append(SettingRow(variable, mask(variable, getattr(settings, field)), source))
+    derived: list[tuple[str, Callable[[], str | None]]] = [
+        ("subscription path", lambda: settings.subscription_path),
+        ("project", lambda: settings.project_id),
+        ("failure topic path", lambda: settings.failure_topic_path),
+    ]
+    for label, read in derived:
+        try:
+            value = read()
+        except ConfigError as exc:
+            value = f"({exc})"
+        rows.append(SettingRow(label, mask(label, value), "derived"))
+    credentials = environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if settings.pubsub_emulator_host or settings.firestore_emulator_host:
+        how = "none needed by the emulators"
+    elif credentials:
+        how = f"key file {credentials} (GOOGLE_APPLICATION_CREDENTIALS; its contents not shown)"
+    else:
+        how = "application default credentials (metadata server or gcloud auth)"
+    rows.append(SettingRow("credentials", how, "derived"))
+    return rows
+
+
+# -- the subscription, as read ------------------------------------------------------
+
+
+def subscription_checks(settings: Settings, subscription: Any) -> list[Check]:
+    """Judge a subscription (a ``google.pubsub_v1.types.Subscription``) against settings. Pure."""
+    checks = []
+    pb = type(subscription).pb(subscription)
+    if subscription.push_config.push_endpoint:
+        checks.append(
+            Check(
+                "subscription",
+                Level.PROBLEM,
+                f"a push subscription (to {subscription.push_config.push_endpoint}): a pull "
+                "worker receives nothing from it; use a pull subscription",
+            )
+        )
+    elif subscription.topic == "_deleted-topic_":
+        checks.append(
+            Check("subscription", Level.PROBLEM, "its topic was deleted: nothing will arrive")
+        )
+    else:
+        checks.append(Check("subscription", Level.OK, f"exists, on {subscription.topic}"))
+    checks.append(_exactly_once(settings, bool(subscription.enable_exactly_once_delivery)))
+    checks.append(_ack_deadline(settings, int(subscription.ack_deadline_seconds)))
+    if pb.HasField("retry_policy"):
+        policy = subscription.retry_policy
+        checks.append(
+            Check(
+                "retry policy",
+                Level.OK,
+                f"redeliveries back off from {_seconds(policy.minimum_backoff)} "
+                f"to {_seconds(policy.maximum_backoff)}",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "retry policy",
+                Level.HINT,
+                "none: a nacked message (a busy key, a released job) comes back at once; "
+                "a retry policy spaces redeliveries out: gcloud pubsub subscriptions update "
+                f"{_short(settings.subscription_path)} --min-retry-delay=10s "
+                "--max-retry-delay=600s",
+            )
+        )
+    checks.append(_dead_letter(settings, subscription, pb.HasField("dead_letter_policy")))
+    return checks
+
+
+def _exactly_once(settings: Settings, enabled: bool) -> Check:
+    if enabled:
+        return Check("exactly-once delivery", Level.OK, "on")
+    fix = (
+        f"gcloud pubsub subscriptions update {_short(settings.subscription_path)} "
+        "--enable-exactly-once-delivery"
+    )
+    if settings.allow_at_least_once:
+        return Check(
+            "exactly-once delivery",
+            Level.WARNING,
+            "off, accepted by PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE: acks prove nothing and only the "
+            f"Firestore epoch fences stale workers; to turn it on: {fix}",
+        )
+    return Check(
+        "exactly-once delivery",
+        Level.PROBLEM,
+        f"off: the worker refuses to start (a stale ack would look like a real one); {fix}, "
+        "or set PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE=true",
+    )
+
+
+def _ack_deadline(settings: Settings, deadline_s: int) -> Check:
+    lease_s = settings.lease_seconds
+    name = "ack deadline"
+    if deadline_s == lease_s:
+        return Check(name, Level.OK, f"{deadline_s} s, the same as PUBSUB_WORKER_LEASE_SECONDS")
+    fix = (
+        f"gcloud pubsub subscriptions update {_short(settings.subscription_path)} "
+        f"--ack-deadline={lease_s}"
+    )
+    if deadline_s < lease_s:
+        why = (
+            "a message whose first lease extension is late (a busy client) can be redelivered "
+            "while a worker holds it, and that delivery then waits for the owner's lease"
+        )
+    else:
+        why = (
+            "a message whose worker died before extending its lease comes back only after "
+            f"{deadline_s} s instead of {lease_s} s"
+        )
+    return Check(
+        name,
+        Level.WARNING,
+        f"{deadline_s} s, PUBSUB_WORKER_LEASE_SECONDS is {lease_s} s (run() extends each "
+        f"lease by LEASE_SECONDS): {why}; {fix}",
+    )
+
+
+def _dead_letter(settings: Settings, subscription: Any, present: bool) -> Check:
+    if not present or not subscription.dead_letter_policy.dead_letter_topic:
+        return Check(
+            "dead-letter policy",
+            Level.OK,
+            "none: the worker's failure path records and publishes failed jobs itself",
+        )
+    policy = subscription.dead_letter_policy
+    attempts = int(policy.max_delivery_attempts) or 5
+    detail = f"to {policy.dead_letter_topic} after {attempts} delivery attempts"
+    if attempts <= settings.max_attempts:
+        return Check(
+            "dead-letter policy",
+            Level.WARNING,
+            f"{detail}, not more than PUBSUB_WORKER_MAX_ATTEMPTS ({settings.max_attempts}): "
+            "Pub/Sub may dead-letter a message before the worker's failure path records it "
+            "(a delivery that waits for a busy owner counts too), and `jobs replay` cannot "
+            "revive a message it never recorded; raise --max-delivery-attempts above "
+            "MAX_ATTEMPTS",
+        )
+    return Check("dead-letter policy", Level.OK, detail + ", after the worker's own failure path")
+
+
+def _seconds(duration: Any) -> str:
+    if duration is None:
+        return "?"
+    if hasattr(duration, "total_seconds"):
+        return f"{duration.total_seconds():.0f} s"
+    return f"{getattr(duration, 'seconds', 0)} s"
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+# -- everything, live ---------------------------------------------------------------
+
+
+def ttl_command(collection: str) -> str:
+    """The ``gcloud`` command that points a TTL policy at ``expire_at``."""
+    return (
+        f"gcloud firestore fields ttls update expire_at --collection-group={collection} "
+        "--enable-ttl"
+    )
+
+
+def run_checks(
+    settings: Settings,
+    *,
+    subscriber: Any,
+    publisher: Any,
+    firestore_client: Any,
+    admin: Callable[[], Any] | None = None,
+) -> list[Check]:
+    """Every check, in the order of the module docstring. Never raises for a finding.
+
+    ``admin`` makes a Firestore Admin API client for the TTL and index
+    checks on real Firestore (None: hints only, as on the emulator).
+    """
+    checks: list[Check] = []
+    try:
+        path = settings.subscription_path
+    except ConfigError as exc:
+        return [Check("subscription", Level.PROBLEM, str(exc))]
+    subscription = _read(lambda: subscriber.get_subscription(request={"subscription": path}))
+    if isinstance(subscription, Check):
+        checks.append(Check("subscription", subscription.level, subscription.detail))
+    else:
+        checks.extend(subscription_checks(settings, subscription))
+        topic = subscription.topic
+        if topic and topic != "_deleted-topic_":
+            checks.append(_topic_exists("subscription's topic", topic, publisher))
+        dead_letter = subscription.dead_letter_policy.dead_letter_topic
+        if dead_letter:
+            checks.append(_topic_exists("dead-letter topic", dead_letter, publisher))
+    checks.append(_failure_topic(settings, publisher))
+    checks.append(_firestore(settings, firestore_client))
+    checks.extend(_firestore_setup(settings, admin))
+    return checks
+
+
+def _read(call: Callable[[], Any]) -> Any:
+    """The call's answer, or a PROBLEM check saying why there is none."""
+    try:
+        return call()
+    except gexc.NotFound:
+        return Check("", Level.PROBLEM, "does not exist")
+    except gexc.PermissionDenied as exc:
+        return Check("", Level.PROBLEM, f"permission denied: {exc.message}")
+    except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
+        return Check("", Level.PROBLEM, f"Pub/Sub did not answer: {exc}")
+
+
+def _topic_exists(name: str, topic: str, publisher: Any) -> Check:
+    found = _read(lambda: publisher.get_topic(request={"topic": topic}, timeout=_TIMEOUT_S))
+    if isinstance(found, Check):
+        return Check(name, found.level, f"{topic} {found.detail}")
+    return Check(name, Level.OK, f"{topic} exists")
+
+
+def _failure_topic(settings: Settings, publisher: Any) -> Check:
+    name = "failure topic"
+    topic = settings.failure_topic_path
+    if topic is None:
+        return Check(
+            name,
+            Level.WARNING,
+            "PUBSUB_WORKER_FAILURE_TOPIC is not set: failed jobs are kept only in their "
+            "Firestore record (replayable with `jobs replay`), and a message too large to "
+            "keep there stays unacked",
+        )
+    found = _topic_exists(name, topic, publisher)
+    if found.level is Level.PROBLEM and found.detail.endswith("does not exist"):
+        return Check(
+            name,
+            Level.PROBLEM,
+            f"{topic} does not exist: the worker refuses to start; create it "
+            f"(gcloud pubsub topics create {_short(topic)}) or unset PUBSUB_WORKER_FAILURE_TOPIC",
+        )
+    return found
+
+
+def _firestore(settings: Settings, client: Any) -> Check:
+    try:
+        clients.check_firestore(client, settings)
+    except Unreachable as exc:
+        return Check("Firestore", Level.PROBLEM, str(exc))
+    except gexc.GoogleAPICallError as exc:
+        return Check("Firestore", Level.PROBLEM, f"{type(exc).__name__}: {exc}")
+    where = settings.firestore_emulator_host or os.environ.get("FIRESTORE_EMULATOR_HOST")
+    at = f"the emulator at {where}" if where else f"project {settings.project_id}"
+    return Check("Firestore", Level.OK, f"answers ({at}, collection {settings.collection})")
+
+
+def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> list[Check]:
+    """TTL policy and listing indexes: checked through the Admin API, else hints."""
+    collection = settings.collection
+    ttl_hint = (
+        f"documents carry expire_at ({settings.retention_days} days after their last claim); "
+        f"point a TTL policy at it: {ttl_command(collection)}"
+    )
+    index_hint = "`jobs list` needs two composite indexes: " + "; ".join(index_commands(collection))
+    if admin is None:
+        return [
+            Check("TTL policy", Level.HINT, ttl_hint + " (not checked: the emulator has no TTL)"),
+            Check("indexes", Level.HINT, index_hint + " (the emulator needs none)"),
+        ]
+    parent = f"projects/{settings.project_id}/databases/(default)/collectionGroups/{collection}"
+    try:
+        client = admin()
+        field = client.get_field(name=f"{parent}/fields/expire_at", timeout=_TIMEOUT_S)
+        indexes = list(client.list_indexes(parent=parent, timeout=_TIMEOUT_S))
+    except (gexc.GoogleAPICallError, gexc.RetryError, ImportError, ValueError) as exc:
+        why = f" (could not check: {type(exc).__name__}: {exc})"
+        return [
+            Check("TTL policy", Level.HINT, ttl_hint + why),
+            Check("indexes", Level.HINT, index_hint + why),
+        ]
+    state = getattr(getattr(getattr(field, "ttl_config", None), "state", None), "name", "")
+    ttl = (
+        Check("TTL policy", Level.OK, f"on expire_at ({state.lower()})")
+        if state in ("ACTIVE", "CREATING")
+        else Check("TTL policy", Level.HINT, ttl_hint)
+    )
+    missing = [index for index in LIST_INDEXES if not _has_index(indexes, index)]
+    found = (
+        Check("indexes", Level.OK, "both composite indexes of `jobs list` exist")
+        if not missing
+        else Check(
+            "indexes",
+            Level.HINT,
+            "`jobs list` lacks composite index(es); create them: "
+            + "; ".join(index_commands(collection)[LIST_INDEXES.index(i)] for i in missing),
+        )
+    )
+    return [ttl, found]
+
+
+def _has_index(indexes: list[Any], wanted: tuple[IndexField, ...]) -> bool:
+    want = [(f.path, "DESCENDING" if f.descending else "ASCENDING") for f in wanted]
+    for index in indexes:
+        if getattr(index.query_scope, "name", "") != "COLLECTION":
+            continue
+        fields = [(f.field_path, f.order.name) for f in index.fields if f.field_path != "__name__"]
+        if fields == want:
+            return True
+    return False

@@ -1,0 +1,540 @@
+"""Job inspection and release: what ``pubsub-worker jobs`` reads and the one write it makes.
+
+:func:`show` reads one job through the :class:`~pubsub_worker.store.JobStore`
+protocol (the document id is derived from the key, as a worker derives it)
+and turns it into a :class:`JobView`: status, epoch, owner, the lease left
+on Firestore's clock, every step with its time and size, the outbox and the
+last error.
+
+:func:`list_jobs` is one Firestore query per page, newest first::
+
+    where subscription == S [and status == X] [and updated_at < now - AGE]
+    order by updated_at desc, __name__ desc   limit N [start after the cursor]
+
+Real Firestore answers an equality filter plus an order on another field
+only from a composite index, which the emulator never asks for. The two
+this query needs are :data:`LIST_INDEXES` (``firestore.indexes.json`` in
+``samples/cloud_run`` and ``gcloud`` commands in ``docs/operations.md``);
+:func:`list_query_shape` says which one a listing uses, and a unit test
+checks that every shape has its index. Without them production answers
+``FailedPrecondition``, reported as :class:`IndexMissing` with the command
+that creates the index. A page ends with a cursor (:class:`Page.next`):
+the last row's ``updated_at`` and document id, so paging is stable while
+jobs are written and costs one read per row shown.
+
+:func:`release` drops a stuck owner's claim: one conditional update on the
+version just read (``status`` released, ``epoch`` + 1, the lease cleared,
+steps, outbox and attempts kept). The owner's next conditional write finds
+another version, and its settling read another epoch, so it stops without
+committing or acking; the next delivery claims the job at a newer epoch and
+skips every recorded step. Completed and failed jobs are refused (a failed
+one is replayed, not released).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud.firestore_v1.base_query import FieldFilter
+
+from . import store as s
+from .claim import lease_left_s, now_utc
+from .errors import PubSubWorkerError, StoreError, VersionConflict
+from .failure import rejected_document_id
+from .keys import document_id
+from .store import JobRecord, JobStore, Snapshot, Status
+
+__all__ = [
+    "LIST_INDEXES",
+    "IndexField",
+    "IndexMissing",
+    "JobView",
+    "OutboxView",
+    "Page",
+    "QueryShape",
+    "ReleaseOutcome",
+    "ReleaseResult",
+    "StepView",
+    "decode_cursor",
+    "encode_cursor",
+    "index_commands",
+    "indexes_json",
+    "list_jobs",
+    "list_query_shape",
+    "release",
+    "show",
+]
+
+_STEP_AT = "at"
+"""Field of a step record (``steps.{name}.at``) holding when it was committed."""
+_OUTBOX_EFFECT_KEY = "effect_key"
+"""Field of an outbox entry (``outbox.{id}.effect_key``) holding its effect key."""
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One recorded step: who recorded it, when, and how large its result is."""
+
+    name: str
+    epoch: int
+    at: datetime | None
+    size_bytes: int
+    """UTF-8 bytes of the result as stored (JSON text)."""
+
+
+@dataclass(frozen=True)
+class OutboxView:
+    """One outbox entry: where it goes, whether it went."""
+
+    id: str
+    step: str
+    topic: str
+    sent: bool
+    size_bytes: int
+    effect_key: str | None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job document as an operator reads it. Times are UTC, as stored."""
+
+    doc_id: str
+    key: str | None
+    subscription: str | None
+    status: Status
+    epoch: int
+    owner: str | None
+    message_id: str | None
+    attempts: int
+    lease_s: float | None
+    lease_left_s: float | None
+    """Running jobs only: seconds the owner's lease still runs on Firestore's clock (<= 0:
+    lapsed). ``None`` for every other status."""
+    reason: str | None
+    error: str | None
+    steps: tuple[StepView, ...]
+    outbox: tuple[OutboxView, ...]
+    first_seen_at: datetime | None
+    updated_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    replayed_at: datetime | None
+    expire_at: datetime | None
+
+    @classmethod
+    def from_fields(
+        cls,
+        doc_id: str,
+        fields: Mapping[str, Any],
+        now: datetime,
+        *,
+        read_time: datetime | None = None,
+        update_time: datetime | None = None,
+    ) -> JobView:
+        """The view of a stored document; the lease is judged like a claim judges it."""
+        record = JobRecord.parse(fields)
+        raw_steps = fields.get(s.STEPS) or {}
+        steps = tuple(
+            StepView(
+                name=name,
+                epoch=step.epoch,
+                at=_time((raw_steps.get(name) or {}).get(_STEP_AT)),
+                size_bytes=len(step.result.encode("utf-8", "surrogatepass")),
+            )
+            for name, step in sorted(
+                record.steps.items(), key=lambda item: _sort_time(raw_steps, item[0])
+            )
+        )
+        raw_outbox = fields.get(s.OUTBOX) or {}
+        outbox = tuple(
+            OutboxView(
+                id=entry.id,
+                step=entry.step,
+                topic=entry.topic,
+                sent=entry.sent,
+                size_bytes=len(entry.data),
+                effect_key=(raw_outbox.get(entry.id) or {}).get(_OUTBOX_EFFECT_KEY),
+            )
+            for entry in sorted(record.outbox.values(), key=lambda e: e.id)
+        )
+        left = None
+        if record.status is Status.RUNNING:
+            left = lease_left_s(record, now, read_time=read_time, update_time=update_time)
+        return cls(
+            doc_id=doc_id,
+            key=record.key,
+            subscription=record.subscription,
+            status=record.status,
+            epoch=record.epoch,
+            owner=record.owner,
+            message_id=record.message_id,
+            attempts=record.attempts,
+            lease_s=record.lease_s,
+            lease_left_s=left,
+            reason=record.reason,
+            error=record.error,
+            steps=steps,
+            outbox=outbox,
+            first_seen_at=_time(fields.get(s.FIRST_SEEN_AT)),
+            updated_at=_time(fields.get(s.UPDATED_AT)),
+            completed_at=_time(fields.get(s.COMPLETED_AT)),
+            failed_at=_time(record.failed_at),
+            replayed_at=_time(record.replayed_at),
+            expire_at=_time(fields.get(s.EXPIRE_AT)),
+        )
+
+    @classmethod
+    def from_snapshot(cls, doc_id: str, snapshot: Snapshot, now: datetime) -> JobView:
+        """The view of a document read through a :class:`~pubsub_worker.store.JobStore`."""
+        return cls.from_fields(
+            doc_id,
+            snapshot.fields,
+            now,
+            read_time=snapshot.read_time,
+            update_time=snapshot.update_time,
+        )
+
+    @property
+    def is_job(self) -> bool:
+        """False for a message rejected before it became a job (missing key, conflict)."""
+        return self.epoch > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types: times as ISO 8601 text, the status as its value."""
+        out: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if item.name in ("steps", "outbox"):
+                value = [_plain(dataclasses.asdict(part)) for part in value]
+            out[item.name] = _plain(value)
+        return out
+
+
+def _time(value: Any) -> datetime | None:
+    """A stored timestamp as an aware UTC datetime (Firestore's come back aware already)."""
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _sort_time(raw_steps: Mapping[str, Any], name: str) -> tuple[datetime, str]:
+    at = _time((raw_steps.get(name) or {}).get(_STEP_AT))
+    return (at or datetime.min.replace(tzinfo=timezone.utc), name)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+# -- show ---------------------------------------------------------------------------
+
+
+def show(store: JobStore, subscription: str, key: str) -> JobView | None:
+    """The job of ``key`` on ``subscription``, or ``None`` when there is none.
+
+    When no job has that key, a message rejected before it became a job
+    (missing key attribute, payload conflict) is looked up with ``key`` as
+    its message id. Raises :class:`~pubsub_worker.errors.StoreError` when
+    the store fails.
+    """
+    for doc_id in (document_id(subscription, key), rejected_document_id(subscription, key)):
+        snapshot = store.get(doc_id)
+        if snapshot is not None:
+            return JobView.from_snapshot(doc_id, snapshot, now_utc())
+    return None
+
+
+# -- list ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexField:
+    """One field of a composite index."""
+
+    path: str
+    descending: bool = False
+
+
+LIST_INDEXES: tuple[tuple[IndexField, ...], ...] = (
+    (IndexField(s.SUBSCRIPTION), IndexField(s.UPDATED_AT, descending=True)),
+    (
+        IndexField(s.SUBSCRIPTION),
+        IndexField(s.STATUS),
+        IndexField(s.UPDATED_AT, descending=True),
+    ),
+)
+"""The composite indexes (collection scope) that :func:`list_jobs` needs on real Firestore."""
+
+
+@dataclass(frozen=True)
+class QueryShape:
+    """What a listing query filters and orders on: enough to name the index it needs."""
+
+    equalities: tuple[str, ...]
+    range_field: str | None
+    order: IndexField
+
+    def index(self) -> tuple[IndexField, ...]:
+        """The composite index Firestore serves this query from (``__name__`` is implicit)."""
+        return (*(IndexField(path) for path in self.equalities), self.order)
+
+
+def list_query_shape(status: Status | None, *, older_than: bool) -> QueryShape:
+    """The shape of the query :func:`list_jobs` sends for these filters. Pure."""
+    equalities = (s.SUBSCRIPTION,) if status is None else (s.SUBSCRIPTION, s.STATUS)
+    return QueryShape(
+        equalities=equalities,
+        range_field=s.UPDATED_AT if older_than else None,
+        order=IndexField(s.UPDATED_AT, descending=True),
+    )
+
+
+def indexes_json(collection: str) -> dict[str, Any]:
+    """:data:`LIST_INDEXES` for ``collection`` in the ``firestore.indexes.json`` format."""
+    return {
+        "indexes": [
+            {
+                "collectionGroup": collection,
+                "queryScope": "COLLECTION",
+                "fields": [
+                    {"fieldPath": f.path, "order": "DESCENDING" if f.descending else "ASCENDING"}
+                    for f in index
+                ],
+            }
+            for index in LIST_INDEXES
+        ],
+        "fieldOverrides": [],
+    }
+
+
+def index_commands(collection: str) -> list[str]:
+    """A ``gcloud firestore indexes composite create`` command per index of :data:`LIST_INDEXES`."""
+    return [_index_command(collection, index) for index in LIST_INDEXES]
+
+
+def _index_command(collection: str, index: tuple[IndexField, ...]) -> str:
+    configs = " ".join(
+        f"--field-config=field-path={f.path},order={'descending' if f.descending else 'ascending'}"
+        for f in index
+    )
+    return f"gcloud firestore indexes composite create --collection-group={collection} {configs}"
+
+
+class IndexMissing(PubSubWorkerError):
+    """Firestore refused a listing query for want of its composite index."""
+
+    def __init__(self, command: str, detail: str) -> None:
+        super().__init__(
+            f"Firestore needs a composite index for this listing; create it with:\n  {command}\n"
+            f"(all of them: docs/operations.md; Firestore said: {detail})"
+        )
+        self.command = command
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, newest first, and the cursor of the next (None: the last)."""
+
+    jobs: list[JobView]
+    next: str | None
+
+
+def encode_cursor(updated_at: datetime, doc_id: str) -> str:
+    """A page cursor: microseconds since the epoch and the document id (shell-safe)."""
+    micros = round((updated_at - _EPOCH) / timedelta(microseconds=1))
+    return f"{micros}-{doc_id}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The ``(updated_at, doc_id)`` of a cursor; ``ValueError`` when it is not one."""
+    micros, sep, doc_id = cursor.partition("-")
+    if not sep or not doc_id or not micros.isdigit():
+        raise ValueError(f"not a page cursor: {cursor!r}")
+    return _EPOCH + timedelta(microseconds=int(micros)), doc_id
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def list_jobs(
+    client: Any,
+    collection: str,
+    subscription: str,
+    *,
+    status: Status | None = None,
+    older_than_s: float | None = None,
+    limit: int = 50,
+    after: str | None = None,
+    now: datetime | None = None,
+) -> Page:
+    """One page of the jobs of ``subscription``, most recently written first.
+
+    ``older_than_s`` keeps jobs whose last write (``updated_at``, the
+    writer's clock) is at least that old: stuck ones, with ``status``
+    running. ``after`` is the cursor of the previous page. Raises
+    :class:`IndexMissing` when real Firestore lacks the query's index and
+    :class:`~pubsub_worker.errors.StoreError` when it fails otherwise.
+    """
+    now = now or now_utc()
+    shape = list_query_shape(status, older_than=older_than_s is not None)
+    query = client.collection(collection).where(
+        filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)
+    )
+    if status is not None:
+        query = query.where(filter=FieldFilter(s.STATUS, "==", status.value))
+    if older_than_s is not None:
+        cutoff = now - timedelta(seconds=older_than_s)
+        query = query.where(filter=FieldFilter(s.UPDATED_AT, "<", cutoff))
+    query = query.order_by(s.UPDATED_AT, direction="DESCENDING").order_by(
+        "__name__", direction="DESCENDING"
+    )
+    if after is not None:
+        updated_at, doc_id = decode_cursor(after)
+        query = query.start_after({s.UPDATED_AT: updated_at, "__name__": doc_id})
+    # One more than a page: whether there is a next page, without a second query.
+    query = query.limit(limit + 1)
+    try:
+        snapshots = list(query.stream())
+    except gexc.FailedPrecondition as exc:
+        raise IndexMissing(_index_command(collection, shape.index()), str(exc)) from exc
+    except gexc.GoogleAPICallError as exc:
+        raise StoreError(f"listing jobs failed: {exc}") from exc
+    jobs = [
+        JobView.from_fields(
+            snap.id,
+            snap.to_dict() or {},
+            now,
+            read_time=snap.read_time,
+            update_time=snap.update_time,
+        )
+        for snap in snapshots[:limit]
+    ]
+    last = jobs[-1] if jobs else None
+    cursor = None
+    if len(snapshots) > limit and last is not None and last.updated_at is not None:
+        cursor = encode_cursor(last.updated_at, last.doc_id)
+    return Page(jobs=jobs, next=cursor)
+
+
+# -- release ------------------------------------------------------------------------
+
+
+class ReleaseOutcome(str, Enum):
+    """What ``jobs release`` did."""
+
+    RELEASED = "released"
+    """The claim was dropped: a new epoch, status released; the old owner is fenced."""
+    ALREADY_RELEASED = "already released"
+    """No owner held the job; nothing was written."""
+    REFUSED = "refused"
+    """Completed, failed, rejected or not at the expected epoch: nothing was written."""
+    NOT_FOUND = "not found"
+    """No job has that key on this subscription."""
+    CONFLICT = "changed meanwhile"
+    """Someone wrote between the read and the release: nothing was written; look again."""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """The outcome of :func:`release`, the job as read before, and what to tell the operator."""
+
+    kind: ReleaseOutcome
+    detail: str
+    before: JobView | None = None
+    epoch: int | None = None
+    """The job's epoch after the release (RELEASED), else as read."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the job is released now (by this call or before it)."""
+        return self.kind in (ReleaseOutcome.RELEASED, ReleaseOutcome.ALREADY_RELEASED)
+
+
+def release(
+    store: JobStore, subscription: str, key: str, *, expect_epoch: int | None = None
+) -> ReleaseResult:
+    """Drop the current owner's claim of ``key``'s job, fenced; see the module docstring.
+
+    ``expect_epoch`` releases only if the job is still at that epoch (what an
+    operator saw in ``jobs show``), so a healthy owner that claimed it since
+    is left alone. Raises :class:`~pubsub_worker.errors.StoreError` when the
+    store fails before anything was written; a failed write is reported as
+    that error too (it may or may not have landed: ``jobs show`` tells).
+    """
+    doc_id = document_id(subscription, key)
+    snapshot = store.get(doc_id)
+    if snapshot is None:
+        rejected = show(store, subscription, key)
+        if rejected is not None:
+            return ReleaseResult(
+                ReleaseOutcome.REFUSED,
+                f"rejected before it became a job ({rejected.reason}): there is no claim to "
+                "release; fix the message and publish it again",
+                rejected,
+                rejected.epoch,
+            )
+        return ReleaseResult(ReleaseOutcome.NOT_FOUND, f"no job has this key on {subscription}")
+    now = now_utc()
+    view = JobView.from_snapshot(doc_id, snapshot, now)
+    refusal = _why_not(view, expect_epoch)
+    if refusal is not None:
+        kind, detail = refusal
+        return ReleaseResult(kind, detail, view, view.epoch)
+    changes: dict[tuple[str, ...], Any] = {
+        (s.STATUS,): Status.RELEASED.value,
+        (s.EPOCH,): view.epoch + 1,
+        (s.LEASE_EXPIRES_AT,): None,
+        (s.UPDATED_AT,): now,
+    }
+    try:
+        store.update(doc_id, changes, expected=snapshot.version)
+    except VersionConflict:
+        return ReleaseResult(
+            ReleaseOutcome.CONFLICT,
+            "the job was written between the read and the release; nothing was written: "
+            "look again (jobs show) and release again if it is still stuck",
+            view,
+            view.epoch,
+        )
+    except StoreError as exc:
+        raise StoreError(f"{exc}; the release may or may not have landed: jobs show tells") from exc
+    return ReleaseResult(ReleaseOutcome.RELEASED, "", view, view.epoch + 1)
+
+
+def _why_not(view: JobView, expect_epoch: int | None) -> tuple[ReleaseOutcome, str] | None:
+    if not view.is_job:
+        return ReleaseOutcome.REFUSED, (
+            f"rejected before it became a job ({view.reason}): there is no claim to release"
+        )
+    if view.status is Status.COMPLETED:
+        return ReleaseOutcome.REFUSED, (
+            "completed: nothing to release (a redelivery is acked without running anything)"
+        )
+    if view.status is Status.FAILED:
+        return ReleaseOutcome.REFUSED, (
+            "in the failure path: nothing to release; run it again with "
+            "`pubsub-worker jobs replay KEY`"
+        )
+    if expect_epoch is not None and view.epoch != expect_epoch:
+        return ReleaseOutcome.REFUSED, (
+            f"at epoch {view.epoch}, not {expect_epoch}: it was claimed or released since; "
+            "look again (jobs show)"
+        )
+    if view.status is Status.RELEASED:
+        return ReleaseOutcome.ALREADY_RELEASED, (
+            f"already released at epoch {view.epoch}: no owner holds it; its next delivery "
+            "claims it"
+        )
+    return None

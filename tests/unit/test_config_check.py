@@ -1,0 +1,165 @@
+"""The pure parts of ``pubsub-worker config``: a subscription as read, masks, platform defaults."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from google.cloud import firestore_admin_v1 as admin_v1
+from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy, Subscription
+
+from pubsub_worker import Settings
+from pubsub_worker import config_check as cc
+from pubsub_worker.jobs import LIST_INDEXES
+
+SUB = "projects/proj/subscriptions/sub"
+
+
+def settings(**values: Any) -> Settings:
+    return Settings(subscription=SUB, lease_seconds=60, **values)
+
+
+def levels(checks: list[cc.Check]) -> dict[str, cc.Level]:
+    return {check.name: check.level for check in checks}
+
+
+def test_a_subscription_made_for_the_worker_has_no_findings() -> None:
+    subscription = Subscription(
+        name=SUB,
+        topic="projects/proj/topics/t",
+        enable_exactly_once_delivery=True,
+        ack_deadline_seconds=60,
+        retry_policy=RetryPolicy(
+            minimum_backoff=timedelta(seconds=10), maximum_backoff=timedelta(seconds=600)
+        ),
+        dead_letter_policy=DeadLetterPolicy(
+            dead_letter_topic="projects/proj/topics/dead", max_delivery_attempts=20
+        ),
+    )
+    checks = cc.subscription_checks(settings(), subscription)
+    assert levels(checks) == {
+        "subscription": cc.Level.OK,
+        "exactly-once delivery": cc.Level.OK,
+        "ack deadline": cc.Level.OK,
+        "retry policy": cc.Level.OK,
+        "dead-letter policy": cc.Level.OK,
+    }
+    assert "from 10 s to 600 s" in next(c.detail for c in checks if c.name == "retry policy")
+
+
+def test_each_misfit_of_a_subscription_is_named_with_its_fix() -> None:
+    subscription = Subscription(
+        name=SUB,
+        topic="projects/proj/topics/t",
+        enable_exactly_once_delivery=False,
+        ack_deadline_seconds=10,
+        dead_letter_policy=DeadLetterPolicy(
+            dead_letter_topic="projects/proj/topics/dead", max_delivery_attempts=5
+        ),
+    )
+    checks = {c.name: c for c in cc.subscription_checks(settings(), subscription)}
+    assert checks["exactly-once delivery"].level is cc.Level.PROBLEM
+    assert "--enable-exactly-once-delivery" in checks["exactly-once delivery"].detail
+    assert checks["ack deadline"].level is cc.Level.WARNING
+    assert "--ack-deadline=60" in checks["ack deadline"].detail
+    assert checks["retry policy"].level is cc.Level.HINT
+    assert checks["dead-letter policy"].level is cc.Level.WARNING
+    assert "MAX_ATTEMPTS (5)" in checks["dead-letter policy"].detail
+
+    allowed = cc.subscription_checks(settings(allow_at_least_once=True), subscription)
+    assert levels(allowed)["exactly-once delivery"] is cc.Level.WARNING
+
+
+@pytest.mark.parametrize(
+    ("subscription", "said"),
+    [
+        (Subscription(topic="_deleted-topic_"), "deleted"),
+        (
+            Subscription(topic="t", push_config=PushConfig(push_endpoint="https://x")),
+            "push subscription",
+        ),
+    ],
+)
+def test_a_subscription_that_delivers_nothing_to_a_pull_worker_is_a_problem(
+    subscription: Subscription, said: str
+) -> None:
+    check = cc.subscription_checks(settings(), subscription)[0]
+    assert (check.level, said in check.detail) == (cc.Level.PROBLEM, True)
+
+
+def test_secrets_and_url_passwords_are_masked() -> None:
+    assert cc.mask("API_TOKEN", "abc") == "********"
+    assert cc.mask("DB_PASSWORD", "hunter2") == "********"
+    assert cc.mask("PUBSUB_WORKER_SUBSCRIPTION", SUB) == SUB
+    assert cc.mask("proxy", "https://user:hunter2@example.com/x") == (
+        "https://user:********@example.com/x"
+    )
+    assert cc.mask("anything", None) == "(unset)"
+
+
+def test_effective_settings_say_where_each_value_came_from() -> None:
+    environ = {"PUBSUB_WORKER_SUBSCRIPTION": SUB, "CLOUD_RUN_WORKER_POOL": "pool"}
+    overrides = cc.platform_overrides(environ)
+    assert overrides == {"shutdown_grace_seconds": cc.CLOUD_RUN_GRACE_S}
+    rows = {
+        row.variable: row
+        for row in cc.effective_settings(
+            Settings(subscription=SUB, **overrides), environ, overrides
+        )
+    }
+    assert rows["PUBSUB_WORKER_SUBSCRIPTION"].source == "environment"
+    assert rows["PUBSUB_WORKER_LEASE_SECONDS"].source == "default"
+    grace = rows["PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS"]
+    assert (grace.value, grace.source) == ("5.0", "CLOUD_RUN_WORKER_POOL default")
+    assert rows["PUBSUB_WORKER_FAILURE_TOPIC"].value == "(unset)"
+    assert rows["subscription path"].value == SUB
+
+
+def test_a_set_grace_wins_over_cloud_runs_default_and_elsewhere_there_is_none() -> None:
+    assert cc.platform_overrides({"K_SERVICE": "svc"}) == {"shutdown_grace_seconds": 5.0}
+    set_by_hand = {"K_SERVICE": "svc", "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "8"}
+    assert cc.platform_overrides(set_by_hand) == {}
+    assert cc.platform_overrides({}) == {}
+
+
+class FakeAdmin:
+    """The two Admin API calls the checks make, answering from given objects."""
+
+    def __init__(self, ttl_state: str, indexes: list[admin_v1.Index]) -> None:
+        self.field = admin_v1.Field(ttl_config=admin_v1.Field.TtlConfig(state=ttl_state))
+        self.indexes = indexes
+
+    def get_field(self, *, name: str, timeout: float) -> admin_v1.Field:
+        assert name.endswith("/collectionGroups/jobs/fields/expire_at")
+        return self.field
+
+    def list_indexes(self, *, parent: str, timeout: float) -> list[admin_v1.Index]:
+        return self.indexes
+
+
+def index(fields: tuple[Any, ...]) -> admin_v1.Index:
+    return admin_v1.Index(
+        query_scope="COLLECTION",
+        fields=[
+            admin_v1.Index.IndexField(
+                field_path=f.path, order="DESCENDING" if f.descending else "ASCENDING"
+            )
+            for f in fields
+        ]
+        + [admin_v1.Index.IndexField(field_path="__name__", order="DESCENDING")],
+    )
+
+
+def test_ttl_and_indexes_are_checked_through_the_admin_api_on_real_firestore() -> None:
+    ready = FakeAdmin("ACTIVE", [index(i) for i in LIST_INDEXES])
+    checks = cc._firestore_setup(settings(collection="jobs"), lambda: ready)
+    assert levels(checks) == {"TTL policy": cc.Level.OK, "indexes": cc.Level.OK}
+
+    bare = FakeAdmin("STATE_UNSPECIFIED", [index(LIST_INDEXES[0])])
+    checks = {c.name: c for c in cc._firestore_setup(settings(collection="jobs"), lambda: bare)}
+    assert checks["TTL policy"].level is cc.Level.HINT
+    assert cc.ttl_command("jobs") in checks["TTL policy"].detail
+    assert checks["indexes"].level is cc.Level.HINT
+    assert "field-path=status" in checks["indexes"].detail
+    assert checks["indexes"].detail.count("gcloud firestore indexes") == 1
