@@ -95,7 +95,9 @@ def test_show_and_list_a_running_a_completed_and_a_failed_job(
             assert shown["owner"].split("/")[1] == str(os.getpid())  # host/pid/random
             assert 0 < shown["lease_left_s"] <= settings.lease_seconds
             assert [(s["name"], s["epoch"]) for s in shown["steps"]] == [("upload", 1)]
-            assert shown["steps"][0]["size_bytes"] == len('{"url":"gs://bucket/running"}')  # compact JSON
+            assert shown["steps"][0]["size_bytes"] == len(
+                '{"url":"gs://bucket/running"}'
+            )  # compact JSON
             assert shown["outbox"] == []
 
             code, out, _ = run_cli(capsys, "jobs", "show", "completed")

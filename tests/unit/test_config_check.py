@@ -157,9 +157,9 @@ def test_ttl_and_indexes_are_checked_through_the_admin_api_on_real_firestore() -
     assert levels(checks) == {"TTL policy": cc.Level.OK, "indexes": cc.Level.OK}
 
     bare = FakeAdmin("STATE_UNSPECIFIED", [index(LIST_INDEXES[0])])
-    checks = {c.name: c for c in cc._firestore_setup(settings(collection="jobs"), lambda: bare)}
-    assert checks["TTL policy"].level is cc.Level.HINT
-    assert cc.ttl_command("jobs") in checks["TTL policy"].detail
-    assert checks["indexes"].level is cc.Level.HINT
-    assert "field-path=status" in checks["indexes"].detail
-    assert checks["indexes"].detail.count("gcloud firestore indexes") == 1
+    found = {c.name: c for c in cc._firestore_setup(settings(collection="jobs"), lambda: bare)}
+    assert found["TTL policy"].level is cc.Level.HINT
+    assert cc.ttl_command("jobs") in found["TTL policy"].detail
+    assert found["indexes"].level is cc.Level.HINT
+    assert "field-path=status" in found["indexes"].detail
+    assert found["indexes"].detail.count("gcloud firestore indexes") == 1
