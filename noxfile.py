@@ -26,10 +26,21 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite against the real emulators (started by the emulator package)."""
+    """The whole suite against the real emulators (started by the emulator package).
+
+    Four pytest workers by default (``-n 0`` for one process): the crash-window
+    tests mostly wait for leases to lapse, so they overlap well even on two cores.
+    Each worker starts its own pair of emulators.
+    """
     _install(session, "test")
+    parallel = (
+        []
+        if any(arg.startswith(("-n", "--numprocesses")) for arg in session.posargs)
+        else ["-n", "4"]
+    )
     session.run(
         "pytest",
+        *parallel,
         "--junitxml=.nox/junit-tests.xml",
         *session.posargs,
         env={"PYTHONFAULTHANDLER": "1"},
@@ -63,3 +74,14 @@ def bench(session: nox.Session) -> None:
     """Throughput and memory of the wrapper vs the stock client, in the same run."""
     _install(session, "test", "bench")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """Workers killed, frozen and cut off under seeded faults; every effect counted.
+
+    ``nox -s chaos`` is the full run (4 workers x 2,000 jobs); ``nox -s chaos --
+    --short --seed 42,random`` the CI one. Exits 1 when an invariant fails.
+    """
+    _install(session, "test")
+    session.run("python", "-m", "benchmarks.chaos", *session.posargs)

@@ -45,9 +45,9 @@ def test_long_jobs_that_progress_keep_their_delivery_one_at_a_time(
     effects: Effects,
     workers: Any,
 ) -> None:
-    """Three jobs of two 8 s heartbeating steps (1.6 leases a job) on MAX_MESSAGES=1.
+    """Three jobs of two 6 s heartbeating steps (1.2 leases a job) on MAX_MESSAGES=1.
 
-    The third message waits 3 leases for its turn. Each job keeps its one
+    The third message waits 2.4 leases for its turn. Each job keeps its one
     delivery from receipt to ack (no redelivery, so no step runs twice), and
     the jobs run strictly one after the other: flow control holds the slot
     until the job is settled.
@@ -56,7 +56,7 @@ def test_long_jobs_that_progress_keep_their_delivery_one_at_a_time(
         **worker_env,
         "PUBSUB_WORKER_MAX_MESSAGES": "1",
         "CHAOS_SCENARIO": "steps",
-        "CHAOS_STEP_SLEEP_S": "8",
+        "CHAOS_STEP_SLEEP_S": "6",
         "CHAOS_SLEEP_STEPS": "a,b",
         "CHAOS_HEARTBEAT": "1",
     }
