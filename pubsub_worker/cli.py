@@ -301,12 +301,13 @@ def render_table(views: Sequence[job_ops.JobView]) -> str:
         for view in views
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    return "\n".join(
+    lines = (
         "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True))
         + "  "
         + row[-1]
         for row in rows
-    ).rstrip()
+    )
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _cmd_show(args: argparse.Namespace, settings: Settings) -> int:

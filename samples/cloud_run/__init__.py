@@ -1,0 +1,1 @@
+"""A worker for Cloud Run worker pools and GKE: the container, the commands, the manifests."""

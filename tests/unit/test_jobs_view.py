@@ -1,0 +1,233 @@
+"""What ``jobs show``, ``jobs list`` and ``jobs release`` make of a job document, in memory.
+
+The store is the in-memory one with a hand-moved clock playing Firestore's,
+so the lease shown is judged exactly as a claim judges it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubsub_worker import cli
+from pubsub_worker import jobs as job_ops
+from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim
+from pubsub_worker.errors import VersionConflict
+from pubsub_worker.keys import derive_identity, document_id
+from pubsub_worker.store import Changes, JobRecord, Snapshot, Status
+from pubsub_worker.stores import MemoryJobStore
+
+SUB = "projects/proj/subscriptions/sub"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2025, 5, 1, 10, 0, 0, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def claimed(
+    store: MemoryJobStore, key: str, *, owner: str = "host/1/aa", lease_s: float = 30
+) -> tuple[str, Claim]:
+    identity = derive_identity(
+        subscription=SUB,
+        message_id="m-" + str(abs(hash(key))),
+        attributes={"op": key},
+        data=b"doc",
+        key_attribute="op",
+    )
+    request = ClaimRequest(
+        identity=identity,
+        owner=owner,
+        message_id="m-1",
+        delivery="d-1",
+        lease_s=lease_s,
+        retention_s=3600,
+        superseded=lambda _m, _d: False,
+    )
+    result = claim(store, request)
+    assert result.kind is ClaimKind.CLAIMED
+    return identity.doc_id, result
+
+
+def commit_step(
+    store: MemoryJobStore, doc_id: str, version: object, name: str, result: str
+) -> object:
+    at = datetime(2025, 5, 1, 10, 0, 1, tzinfo=timezone.utc)
+    return store.update(
+        doc_id, {("steps", name): {"result": result, "epoch": 1, "at": at}}, expected=version
+    )
+
+
+def test_show_reports_status_owner_lease_on_the_stores_clock_steps_and_sizes() -> None:
+    clock = Clock()
+    store = MemoryJobStore(clock=clock)
+    doc_id, first = claimed(store, "claim-42", lease_s=30)
+    commit_step(store, doc_id, first.version, "upload", json.dumps("x" * 10))
+    clock.now += timedelta(seconds=12)
+
+    view = job_ops.show(store, SUB, "claim-42")
+
+    assert view is not None
+    assert (view.key, view.status, view.epoch, view.attempts) == ("claim-42", Status.RUNNING, 1, 1)
+    assert view.owner == "host/1/aa"
+    assert view.lease_left_s == pytest.approx(18, abs=0.01)  # 30 s from the step's write
+    assert [(s.name, s.epoch, s.size_bytes) for s in view.steps] == [("upload", 1, 12)]
+    text = cli.render_job(view)
+    assert "status       running (epoch 1, attempts 1)" in text
+    assert "lease        18 s left of 30 s (Firestore's clock)" in text
+    assert "upload  epoch 1  2025-05-01 10:00:01 UTC  12 B" in text
+    doc = view.to_json()
+    assert doc["status"] == "running"
+    assert doc["steps"] == [
+        {"name": "upload", "epoch": 1, "at": "2025-05-01T10:00:01+00:00", "size_bytes": 12}
+    ]
+    assert json.loads(json.dumps(doc)) == doc
+    assert job_ops.show(store, SUB, "no-such-key") is None
+
+
+def test_a_hostile_key_cannot_forge_lines_or_send_terminal_escapes() -> None:
+    store = MemoryJobStore()
+    key = "ok\n\x1b[31mjob fake status completed\r\u202e"
+    claimed(store, key)
+    view = job_ops.show(store, SUB, key)
+    assert view is not None
+    assert view.key == key
+    for text in (cli.render_job(view), cli.render_table([view])):
+        assert "\x1b" not in text
+        assert "\r" not in text
+        assert "\u202e" not in text
+        assert "ok\\n\\x1b[31mjob fake status completed\\r" in text
+    assert "\\u202e" in cli.render_job(view)  # the table clips the key at 40 bytes
+    assert len(cli.render_table([view]).splitlines()) == 2
+
+
+def test_release_bumps_the_epoch_keeps_the_steps_and_fences_the_owner() -> None:
+    store = MemoryJobStore()
+    doc_id, first = claimed(store, "claim-42")
+    version = commit_step(store, doc_id, first.version, "a", "1")
+
+    result = job_ops.release(store, SUB, "claim-42", expect_epoch=1)
+
+    assert result.kind is job_ops.ReleaseOutcome.RELEASED
+    assert result.ok
+    assert (result.before.epoch if result.before else None, result.epoch) == (1, 2)
+    snap = store.get(doc_id)
+    assert snap is not None
+    record = JobRecord.parse(snap.fields)
+    assert (record.status, record.epoch, record.attempts) == (Status.RELEASED, 2, 1)
+    assert list(record.steps) == ["a"]
+    assert record.lease_expires_at is None
+    with pytest.raises(VersionConflict):  # the stuck owner's next write
+        store.update(doc_id, {("steps", "b"): {"result": "2", "epoch": 1}}, expected=version)
+    again = job_ops.release(store, SUB, "claim-42")
+    assert again.kind is job_ops.ReleaseOutcome.ALREADY_RELEASED
+    assert again.ok
+    assert JobRecord.parse(store.get(doc_id).fields).epoch == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.FAILED])
+def test_release_refuses_completed_and_failed_jobs_and_writes_nothing(status: Status) -> None:
+    store = MemoryJobStore()
+    doc_id, first = claimed(store, "k")
+    store.update(doc_id, {("status",): status.value}, expected=first.version)
+    writes = store.writes
+
+    result = job_ops.release(store, SUB, "k")
+
+    assert result.kind is job_ops.ReleaseOutcome.REFUSED
+    assert not result.ok
+    assert ("jobs replay" in result.detail) == (status is Status.FAILED)
+    assert store.writes == writes
+
+
+def test_release_at_a_stale_epoch_or_of_an_unknown_key_writes_nothing() -> None:
+    store = MemoryJobStore()
+    claimed(store, "k")
+    writes = store.writes
+    stale = job_ops.release(store, SUB, "k", expect_epoch=7)
+    assert stale.kind is job_ops.ReleaseOutcome.REFUSED
+    assert "at epoch 1, not 7" in stale.detail
+    assert job_ops.release(store, SUB, "other").kind is job_ops.ReleaseOutcome.NOT_FOUND
+    assert store.writes == writes
+
+
+def test_release_that_races_a_writer_reports_a_conflict() -> None:
+    store = MemoryJobStore()
+    doc_id, _ = claimed(store, "k")
+
+    class WriteAfterRead:
+        """The store, with another writer landing right after each read of the job."""
+
+        def get(self, wanted: str) -> Snapshot | None:
+            snap = store.get(wanted)
+            if snap is not None and wanted == doc_id:
+                store.update(doc_id, {("error",): "written meanwhile"}, expected=snap.version)
+            return snap
+
+        def create(self, wanted: str, fields: Mapping[str, Any]) -> object:
+            return store.create(wanted, fields)
+
+        def update(self, wanted: str, changes: Changes, *, expected: object) -> object:
+            return store.update(wanted, changes, expected=expected)
+
+    result = job_ops.release(WriteAfterRead(), SUB, "k")
+    assert result.kind is job_ops.ReleaseOutcome.CONFLICT
+    assert JobRecord.parse(store.get(doc_id).fields).epoch == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("status", [None, *Status])
+@pytest.mark.parametrize("older_than", [False, True])
+def test_every_listing_query_has_its_composite_index(
+    status: Status | None, older_than: bool
+) -> None:
+    shape = job_ops.list_query_shape(status, older_than=older_than)
+    assert shape.index() in job_ops.LIST_INDEXES
+    # Firestore: a range filter must be on the first order-by field.
+    assert shape.range_field in (None, shape.order.path)
+
+
+def test_the_shipped_index_file_and_commands_are_the_indexes_listing_needs() -> None:
+    shipped = json.loads((ROOT / "samples/cloud_run/firestore.indexes.json").read_text())
+    assert shipped == job_ops.indexes_json("pubsub_worker_jobs")
+    commands = job_ops.index_commands("jobs")
+    assert commands[1] == (
+        "gcloud firestore indexes composite create --collection-group=jobs "
+        "--field-config=field-path=subscription,order=ascending "
+        "--field-config=field-path=status,order=ascending "
+        "--field-config=field-path=updated_at,order=descending"
+    )
+    operations = (ROOT / "docs/operations.md").read_text()
+    for command in job_ops.index_commands("pubsub_worker_jobs"):
+        assert command in operations.replace("\\\n  ", "")
+
+
+def test_a_cursor_round_trips_to_the_microsecond_and_rejects_garbage() -> None:
+    at = datetime(2025, 5, 1, 10, 0, 0, 123456, tzinfo=timezone.utc)
+    doc_id = document_id(SUB, "k")
+    assert job_ops.decode_cursor(job_ops.encode_cursor(at, doc_id)) == (at, doc_id)
+    for bad in ("", "abc", "12", "x-y", "-abc"):
+        with pytest.raises(ValueError, match="not a page cursor"):
+            job_ops.decode_cursor(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), ("30s", 30), ("10m", 600), ("1h30m", 5400), ("2d", 172800), ("1.5h", 5400)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert cli.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10x", "m", "10m5", "ten minutes", "-5m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(Exception, match="expected a duration"):
+        cli.parse_duration(text)
