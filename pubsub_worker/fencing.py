@@ -115,12 +115,11 @@ class FencedDocument:
             for _ in range(_WRITE_ROUNDS):
                 expected = self._version if self._version is not None else self.resettle()
                 try:
-                    self._version = self._store.update(self._doc_id, merged, expected=expected)
+                    version = self._store.update(self._doc_id, merged, expected=expected)
                 except VersionConflict:
                     self._version = None  # settle by reading: still ours, or lost
                     continue
-                self._pending.clear()
-                self._last_write = time.monotonic()
+                self._committed(version)
                 return
             raise self._on_lost("the job document kept changing under this owner")
 
@@ -179,14 +178,7 @@ class FencedDocument:
         store = self._store
         if not isinstance(store, TransactionalStore):
             raise StoreError(f"{type(store).__name__} cannot run transactional steps")
-
-        def all_changes(result: Any) -> dict[tuple[str, ...], Any]:
-            with self._lock:
-                merged = dict(self._pending)
-            merged.update(changes(result))
-            merged.update(self.lease_changes())
-            return merged
-
+        all_changes = self._with_staged(changes)
         with self._lock:
             for _ in range(_WRITE_ROUNDS):
                 expected = self._version if self._version is not None else self.resettle()
@@ -195,16 +187,10 @@ class FencedDocument:
                         self._doc_id, expected=expected, body=body, changes=all_changes
                     )
                 except VersionConflict:
-                    # A new owner (lost), or our own commit whose reply was lost.
-                    record, self._version = self.read_own()
-                    if adopt(record):
-                        self._pending.clear()
-                        self._last_write = time.monotonic()
+                    if (record := self._adopted(adopt)) is not None:
                         return None, record
                     continue
-                self._version = version
-                self._pending.clear()
-                self._last_write = time.monotonic()
+                self._committed(version)
                 return result, None
             raise self._on_lost("the transactional step kept conflicting with another writer")
 
@@ -223,6 +209,25 @@ class FencedDocument:
         store = self._store
         if not isinstance(store, FirestoreJobStore):
             raise StoreError(f"{type(store).__name__} cannot run async transactional steps")
+        all_changes = self._with_staged(changes)
+        for _ in range(_WRITE_ROUNDS):
+            expected = self._version if self._version is not None else self.resettle()
+            try:
+                result, version = await transact_async(
+                    store, self._doc_id, expected=expected, body=body, changes=all_changes
+                )
+            except VersionConflict:
+                if (record := self._adopted(adopt)) is not None:
+                    return None, record
+                continue
+            self._committed(version)
+            return result, None
+        raise self._on_lost("the transactional step kept conflicting with another writer")
+
+    def _with_staged(
+        self, changes: Callable[[Any], Mapping[tuple[str, ...], Any]]
+    ) -> Callable[[Any], dict[tuple[str, ...], Any]]:
+        """``changes(result)`` plus the staged records and the lease, for a transaction."""
 
         def all_changes(result: Any) -> dict[tuple[str, ...], Any]:
             with self._lock:
@@ -231,28 +236,21 @@ class FencedDocument:
             merged.update(self.lease_changes())
             return merged
 
-        for _ in range(_WRITE_ROUNDS):
-            expected = self._version if self._version is not None else self.resettle()
-            try:
-                result, version = await transact_async(
-                    store, self._doc_id, expected=expected, body=body, changes=all_changes
-                )
-            except VersionConflict:
-                record, version = self.read_own()
-                with self._lock:
-                    self._version = version
-                if adopt(record):
-                    self._committed()
-                    return None, record
-                continue
-            with self._lock:
-                self._version = version
-            self._committed()
-            return result, None
-        raise self._on_lost("the transactional step kept conflicting with another writer")
+        return all_changes
 
-    def _committed(self) -> None:
+    def _adopted(self, adopt: Callable[[JobRecord], bool]) -> JobRecord | None:
+        """After a conflict: a new owner (LostOwnership), or our commit whose reply was lost."""
+        record, version = self.read_own()
         with self._lock:
+            self._version = version
+        if adopt(record):
+            self._committed(version)
+            return record
+        return None
+
+    def _committed(self, version: Version | None) -> None:
+        with self._lock:
+            self._version = version
             self._pending.clear()
             self._last_write = time.monotonic()
 
