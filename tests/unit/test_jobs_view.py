@@ -6,6 +6,7 @@ so the lease shown is judged exactly as a claim judges it.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
@@ -13,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.api_core import exceptions as gexc
 
 from pubsub_worker import cli
 from pubsub_worker import jobs as job_ops
 from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker.errors import VersionConflict
 from pubsub_worker.keys import derive_identity, document_id
+from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.store import Changes, JobRecord, Snapshot, Status
 from pubsub_worker.stores import MemoryJobStore
 
@@ -231,3 +234,67 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(Exception, match="expected a duration"):
         cli.parse_duration(text)
+
+
+class RefusingQuery:
+    """A Firestore query chain that answers like production without the composite index."""
+
+    def collection(self, _name: str) -> RefusingQuery:
+        return self
+
+    def where(self, **_kwargs: Any) -> RefusingQuery:
+        return self
+
+    def order_by(self, *_args: Any, **_kwargs: Any) -> RefusingQuery:
+        return self
+
+    def limit(self, _n: int) -> RefusingQuery:
+        return self
+
+    def stream(self) -> list[Any]:
+        refusal: Any = gexc.FailedPrecondition  # the exception classes are untyped
+        raise refusal("The query requires an index. You can create it here: …")
+
+
+def test_a_listing_without_its_index_says_which_command_creates_it() -> None:
+    with pytest.raises(job_ops.IndexMissing) as missing:
+        job_ops.list_jobs(RefusingQuery(), "jobs", SUB, status=Status.RUNNING, older_than_s=600)
+    assert missing.value.command == job_ops.index_commands("jobs")[1]
+    assert "The query requires an index" in str(missing.value)
+
+
+def test_the_replay_summary_counts_what_was_not_replayed_by_reason() -> None:
+    def result(kind: ReplayOutcome, reason: str | None = None) -> ReplayResult:
+        record = JobRecord.parse({"key": "k", "epoch": 1})
+        return ReplayResult(FailedJob("d", record), kind, reason)
+
+    results = [
+        result(ReplayOutcome.REPLAYED),
+        result(ReplayOutcome.SKIPPED, "running"),
+        result(ReplayOutcome.SKIPPED, "running"),
+        result(ReplayOutcome.SKIPPED, "replayed moments ago (3 s); its message may be on its way"),
+        result(ReplayOutcome.FAILED, "reset, but publishing failed (Timeout: x); replay it again"),
+    ]
+    assert cli._summary(results, dry_run=False) == [
+        "  skipped 3: running (2), replayed moments ago (1)",
+        "  failed 1: reset, but publishing failed (1)",
+    ]
+    assert cli._summary(results[:1], dry_run=True) == [
+        "  dry run: nothing was written or published"
+    ]
+
+
+def test_the_progress_bar_keeps_to_one_line_and_prints_notes_above_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    terminal = io.StringIO()
+    bar = cli._Bar(4, terminal)
+    bar.update(1)
+    bar.note("[2/4] k2: skipped: running")
+    bar.update(4)
+    bar.close()
+    assert "\n" not in terminal.getvalue()
+    assert terminal.getvalue().count("\r\x1b[K") == 5  # each draw, the note, the close
+    assert terminal.getvalue().endswith("4/4\r\x1b[K")
+    assert "replaying [" + "#" * 30 + "] 4/4" in terminal.getvalue()
+    assert capsys.readouterr().out == "[2/4] k2: skipped: running\n"
