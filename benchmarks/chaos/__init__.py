@@ -1,0 +1,34 @@
+"""A seeded chaos run: a fleet of exactly-once workers under mixed faults, every effect counted.
+
+``python -m benchmarks.chaos`` (or ``nox -s chaos``) starts the real
+emulators, publishes the jobs, starts the workers with ``pubsub-worker run
+benchmarks.chaos_handler:handle`` and kills, freezes, cuts and slows them
+from a seeded schedule while work remains. When the fleet is drained it
+counts every job, business write, output and message left on the
+subscription, prints a summary and writes a JSON report; a broken
+invariant exits 1 and names the jobs and the seed. See ``docs/chaos.md``.
+
+Modules: :mod:`~benchmarks.chaos.options` (command line),
+:mod:`~benchmarks.chaos.schedule` (the seeded faults),
+:mod:`~benchmarks.chaos.fleet` (worker processes and their links),
+:mod:`~benchmarks.chaos.grpc_proxy` (RPC-level faults),
+:mod:`~benchmarks.chaos.ledger` (deliveries and acks at the proxy),
+:mod:`~benchmarks.chaos.injector` (carrying the schedule out),
+:mod:`~benchmarks.chaos.downstream` (the keyed consumer),
+:mod:`~benchmarks.chaos.run` (one run), :mod:`~benchmarks.chaos.verify`
+(the invariants), :mod:`~benchmarks.chaos.report` (the summary).
+"""
+
+from __future__ import annotations
+
+from benchmarks.chaos.options import CI_SEED, Options, parse_args
+from benchmarks.chaos.run import run_chaos
+
+__all__ = ["CI_SEED", "Options", "main", "parse_args", "run_chaos"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every seed of the command line on one pair of emulators; 1 if any run failed."""
+    from benchmarks.chaos.__main__ import main as run_main  # noqa: PLC0415
+
+    return run_main(argv)

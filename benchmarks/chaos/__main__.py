@@ -1,0 +1,130 @@
+"""``python -m benchmarks.chaos``: see :mod:`benchmarks.chaos` and ``--help``."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, TextIO
+
+from benchmarks.chaos.options import Options, parse_args
+from benchmarks.chaos.report import render, write_json
+from benchmarks.chaos.run import PROJECT, STOP, run_chaos
+
+__all__ = ["main"]
+
+
+class _Prefixed:
+    """A text stream that writes whole lines to ``target``, each after ``prefix``."""
+
+    _lock = threading.Lock()  # one line at a time on the shared target
+
+    def __init__(self, target: TextIO, prefix: str) -> None:
+        self._target = target
+        self._prefix = prefix
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        with self._lock:
+            for line in lines:
+                if line.strip():
+                    self._target.write(f"{self._prefix}{line}\n")
+            self._target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+
+def _run_all(runs: list[Options], emulators: Any, parallel: bool) -> list[dict[str, Any]]:
+    if not parallel or len(runs) == 1:
+        reports = []
+        for options in runs:
+            print(f"chaos: seed {options.seed} ({options.command})", file=sys.stderr, flush=True)
+            reports.append(run_chaos(options, emulators=emulators))
+            sys.stdout.write(render(reports[-1]) + "\n")
+            sys.stdout.flush()
+        return reports
+    results: dict[int, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+
+    def one(options: Options) -> None:
+        out = _Prefixed(sys.stderr, f"[seed {options.seed}] ")
+        try:
+            results[options.seed] = run_chaos(options, emulators=emulators, out=out)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            failures.append(exc)
+            STOP.set()
+
+    # Each run spawns its workers from its own thread, which outlives them (the
+    # parent-death signal of a worker follows the thread that started it).
+    threads = [
+        threading.Thread(
+            target=one, args=(dataclasses.replace(o, live=False),), name=f"chaos-{o.seed}"
+        )
+        for o in runs
+    ]
+    for options, thread in zip(runs, threads, strict=True):
+        print(f"chaos: seed {options.seed} ({options.command})", file=sys.stderr, flush=True)
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.5)
+    except KeyboardInterrupt:
+        STOP.set()
+        for thread in threads:
+            thread.join(60)
+        raise
+    if failures:
+        raise failures[0]
+    reports = [results[o.seed] for o in runs]
+    for report in reports:
+        sys.stdout.write(render(report) + "\n")
+    sys.stdout.flush()
+    return reports
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run each seed on the same emulators; print the summaries; 1 if any run failed."""
+    from emulator import start_emulators  # noqa: PLC0415
+    from emulator.errors import EmulatorError  # noqa: PLC0415
+
+    runs = parse_args(argv)
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up as on Ctrl-C
+    try:
+        emulators = start_emulators(project=PROJECT)
+    except EmulatorError as exc:
+        print(f"chaos: the emulators cannot start: {exc}", file=sys.stderr)
+        return 2
+    with emulators:
+        emulators.export_env()  # the orchestrator's own clients talk to them directly
+        print(f"chaos: emulators ready in {emulators.startup_s:.1f} s", file=sys.stderr)
+        reports = _run_all(runs, emulators, runs[0].parallel)
+    json_path = runs[0].json_path
+    if json_path is not None:
+        write_json(json_path, reports)
+        print(f"chaos: wrote {json_path}", file=sys.stderr)
+    failed = [r["seed"] for r in reports if not r["ok"]]
+    total = time.monotonic() - started
+    if failed:
+        print(f"chaos: FAILED for seed(s) {failed} in {total:.0f} s", file=sys.stderr)
+        return 1
+    seeds = [r["seed"] for r in reports]
+    print(f"chaos: every invariant held for seed(s) {seeds} in {total:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

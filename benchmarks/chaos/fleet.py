@@ -1,0 +1,233 @@
+"""The fleet: worker processes started with ``pubsub-worker run``, and their links.
+
+Each worker slot owns two :class:`~emulator.TcpProxy` links, one to Pub/Sub
+and one to Firestore (its ``PUBSUB_EMULATOR_HOST`` and
+``FIRESTORE_EMULATOR_HOST`` point at them), so one worker can be cut off
+or partitioned alone. A slot outlives its processes: a killed worker is
+replaced by a new incarnation on the same links.
+
+No worker outlives the run: each runs in its own session (process group)
+that :meth:`Fleet.stop` ends with SIGCONT, SIGTERM, then SIGKILL; and each
+gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux, so even a SIGKILLed
+orchestrator leaves none behind. The kernel ties that signal to the thread
+that spawned the child: start workers from the main thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator import TcpProxy
+
+__all__ = ["HANDLER", "ROOT", "Fleet", "Worker", "worker_command"]
+
+ROOT = Path(__file__).resolve().parents[2]
+HANDLER = "benchmarks.chaos_handler:handle"
+
+# Runs in the child before the worker: sets the parent-death signal, checks the
+# orchestrator did not die before that, then becomes the worker. (A preexec_fn
+# would force a fork() of a process full of gRPC threads; see emulator.process.)
+_PDEATHSIG_EXEC = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("orchestrator died before start-up")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def worker_command() -> list[str]:
+    """``pubsub-worker run benchmarks.chaos_handler:handle``, from this interpreter's tools."""
+    beside = Path(sys.executable).with_name("pubsub-worker")
+    script = str(beside) if beside.exists() else shutil.which("pubsub-worker")
+    base = [script] if script else [sys.executable, "-m", "pubsub_worker.cli"]
+    command = [*base, "run", HANDLER]
+    if sys.platform.startswith("linux"):
+        return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *command]
+    return command
+
+
+@dataclass
+class Worker:
+    """One slot of the fleet: its links and its current process (if any)."""
+
+    name: str
+    pubsub_link: TcpProxy
+    firestore_link: TcpProxy
+    log_dir: Path
+    env: Mapping[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+    paused: bool = False
+    exits: list[int] = field(default_factory=list)
+    """Exit codes of incarnations that ended without being killed by the run."""
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current incarnation, if one runs."""
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def up(self) -> bool:
+        """A process runs (paused or not)."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        """Log of the current incarnation (JSON lines)."""
+        return self.log_dir / f"{self.name}-{self.incarnation}.log"
+
+    @property
+    def stats_path(self) -> Path:
+        """Counters file of the current incarnation (see :mod:`benchmarks.chaos_handler`)."""
+        return self.log_dir / f"{self.name}-{self.incarnation}.stats.json"
+
+    def start(self) -> None:
+        """Start a new incarnation on this slot's links."""
+        self.incarnation += 1
+        env = {
+            **self.env,
+            "PUBSUB_EMULATOR_HOST": self.pubsub_link.address,
+            "FIRESTORE_EMULATOR_HOST": self.firestore_link.address,
+            "CHAOS_STATS": str(self.stats_path),
+            "PYTHONUNBUFFERED": "1",
+        }
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                worker_command(),
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self.paused = False
+
+    def kill(self) -> None:
+        """SIGKILL the process group and reap it."""
+        if self.process is None:
+            return
+        self._signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self.process = None
+        self.paused = False
+
+    def pause(self) -> None:
+        """SIGSTOP the process group."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT the process group."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def reap(self) -> int | None:
+        """If the process ended by itself, record its exit code and return it."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        code = self.process.returncode
+        self.exits.append(code)
+        self.process = None
+        self.paused = False
+        return code
+
+    def stop(self, grace_s: float) -> None:
+        """SIGCONT, SIGTERM, wait ``grace_s``, then SIGKILL whatever is left of the group."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=grace_s)
+        self._signal(signal.SIGKILL)  # the group: no helper process survives its leader
+        process.wait(timeout=10)
+        self.process = None
+        self.paused = False
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of the current incarnation's log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _signal(self, signum: int) -> None:
+        # Only while the leader is unreaped: its group id cannot have been reused.
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signum)
+
+
+class Fleet:
+    """``size`` worker slots, each with its own links to the two (proxied) emulators."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        pubsub_target: str,
+        firestore_target: str,
+        env: Mapping[str, str],
+        log_dir: Path,
+    ) -> None:
+        self.log_dir = log_dir
+        self.workers: list[Worker] = []
+        try:
+            for index in range(size):
+                self.workers.append(
+                    Worker(
+                        name=f"w{index}",
+                        pubsub_link=TcpProxy(pubsub_target),
+                        firestore_link=TcpProxy(firestore_target),
+                        log_dir=log_dir,
+                        env=env,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        """Start every slot's first incarnation."""
+        for worker in self.workers:
+            worker.start()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every worker at once, then make sure none is left. Idempotent."""
+        for worker in self.workers:
+            if worker.up:
+                worker._signal(signal.SIGCONT)
+                worker._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for worker in self.workers:
+            worker.stop(max(deadline - time.monotonic(), 0.1))
+
+    def close(self) -> None:
+        """Stop the workers and close the links."""
+        self.stop()
+        for worker in self.workers:
+            worker.pubsub_link.close()
+            worker.firestore_link.close()
+
+    def log_paths(self) -> list[Path]:
+        """Every incarnation's log, in order."""
+        return sorted(self.log_dir.glob("w*-*.log"))
+
+    def stats_paths(self) -> list[Path]:
+        """Every incarnation's counters file."""
+        return sorted(self.log_dir.glob("w*-*.stats.json"))

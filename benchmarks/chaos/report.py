@@ -1,0 +1,100 @@
+"""The summary of a chaos run: Markdown tables for the terminal and the docs, and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.chaos.verify import SHOWN_JOBS
+
+__all__ = ["render", "write_json"]
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} s"
+
+
+def _describe(check: dict[str, Any]) -> str:
+    jobs: list[str] = check["jobs"]
+    if not jobs:
+        return str(check["detail"])
+    shown = ", ".join(jobs[:SHOWN_JOBS])
+    more = f" and {len(jobs) - SHOWN_JOBS} more" if len(jobs) > SHOWN_JOBS else ""
+    return f"{check['detail']}; breaking it: {shown}{more}"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The summary of one run, in Markdown."""
+    options, figures, events = report["options"], report["figures"], report["events"]
+    phases = report["phases"]
+    verdict = "PASS" if report["ok"] else "FAIL"
+    lines = [
+        f"### Chaos run, seed {report['seed']}: {verdict}",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"{options['workers']} workers x {options['jobs']} jobs, lease {options['lease_s']} s, "
+        f"{options['max_messages']} jobs in flight per worker, store `{options['store']}`"
+        f"{', **fence switched off**' if options['unfenced'] else ''}. "
+        f"Subscription: exactly-once, ack deadline {report['subscription']['ack_deadline_s']} s, "
+        f"{report['subscription']['why']}. "
+        f"Faults from {_seconds(phases['faults_from_s'])} to {_seconds(phases['faults_over_s'])}, "
+        f"drained at {_seconds(phases['drained_s'])}, stopped at {_seconds(phases['stopped_s'])}.",
+        "",
+        "| invariant | result | counted |",
+        "| --- | --- | --- |",
+    ]
+    for check in report["checks"]:
+        result = "ok" if check["ok"] else "**FAILED**"
+        lines.append(f"| {check['name']} | {result} | {_describe(check)} |")
+    pubsub = events["pubsub"]
+    injected = events["errors_injected"]
+    recoveries = figures["recoveries"]
+    held = sum(1 for r in recoveries if r["jobs_held"])
+    lines += [
+        "",
+        "| fault or event | count |",
+        "| --- | --- |",
+        f"| SIGKILL of a worker (and a restart) | {events['kill']} |",
+        f"| SIGSTOP past the lease, then SIGCONT | {events['pause']} |",
+        f"| connections cut: Pub/Sub, Firestore | {events['cut-pubsub']}, "
+        f"{events['cut-firestore']} |",
+        f"| partitions (blackhole): Pub/Sub, Firestore, both (isolated) | "
+        f"{events['partition-pubsub']}, {events['partition-firestore']}, {events['isolate']} |",
+        f"| transient ack errors: windows, errors injected | {events['ack-errors']}, "
+        f"{injected.get('Acknowledge', 0)} |",
+        f"| transient modack errors: windows, errors injected | {events['modack-errors']}, "
+        f"{injected.get('ModifyAckDeadline', 0)} |",
+        f"| slow Firestore windows | {events['slow-firestore']} |",
+        f"| lost-ownership events | {events['lost_ownership']} |",
+        f"| stale commits rejected | {events['stale_commits_rejected']} |",
+        f"| redeliveries (messages redelivered) | {events['redeliveries']} "
+        f"({events['redelivered_messages']}) |",
+        f"| acks refused by Pub/Sub (job already complete) | {pubsub.get('acks_refused', 0)} |",
+        f"| jobs completed / in the failure path (poison) | {figures['completed']} / "
+        f"{figures['failed']} ({figures['failed_poison']}) |",
+        f"| business writes | {figures['business_writes']} |",
+        f"| distinct outputs; republished copies a keyed consumer drops | "
+        f"{figures['distinct_outputs']}; {figures['copies_dropped']} |",
+        f"| plain-step side effects (at least once); jobs where it repeated | "
+        f"{figures['plain_effects']}; {figures['plain_effects_repeated_jobs']} |",
+        f"| recovery after a kill: median, max ({held} of {len(recoveries)} kills held jobs) | "
+        f"{_seconds(figures['recovery_median_s'])}, {_seconds(figures['recovery_max_s'])} |",
+        f"| worker processes started | {events['worker_incarnations']} |",
+        "",
+    ]
+    if not report["ok"]:
+        lines += [
+            f"**An invariant failed.** Reproduce with the same seed: `{report['command']}`",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, reports: Sequence[dict[str, Any]]) -> None:
+    """Write every run's report (one seed each) to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"ok": all(r["ok"] for r in reports), "runs": list(reports)}
+    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
