@@ -74,7 +74,8 @@ def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
     lines = released.stdout.splitlines()
     assert lines[0] == "released op-1: epoch 1 -> 2, status running -> released"
     assert f"/{owner.pid}/" in lines[1]
-    assert "s left (Firestore's clock); steps kept: a; attempts stay 1" in lines[2]
+    # The frozen owner's lease has some seconds left, or lapsed already on a slow machine.
+    assert lines[2].endswith("(Firestore's clock); steps kept: a; attempts stay 1")
     doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")
     assert (doc["status"], doc["epoch"], step_epochs(doc)) == ("released", 2, {"a": 1})
 
