@@ -1,8 +1,8 @@
 """``pubsub-worker config``: the effective configuration, checked against what it names.
 
-:func:`effective_settings` lists every setting with its value (secrets
-masked) and where it came from. :func:`run_checks` then asks Pub/Sub and
-Firestore, once each, whether the worker would run as configured:
+:func:`run_checks` asks Pub/Sub and Firestore, once each, whether the
+worker would run as configured (the settings themselves, with secrets
+masked and where each came from, are :mod:`pubsub_worker.config_report`):
 
 =====================  ===============================================================
 check                  a problem (exit 1) when
@@ -28,45 +28,27 @@ the rest is I/O with short timeouts. Nothing here writes anything.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from google.api_core import exceptions as gexc
-from pydantic import SecretBytes, SecretStr
 
 from . import clients
 from .errors import ConfigError, Unreachable
 from .jobs import LIST_INDEXES, IndexField, index_commands
-from .settings import Settings, env_name
+from .settings import Settings
 
 __all__ = [
-    "CLOUD_RUN_GRACE_S",
     "Check",
     "Level",
-    "SettingRow",
-    "cloud_run",
-    "effective_settings",
-    "platform_overrides",
     "run_checks",
     "subscription_checks",
     "ttl_command",
 ]
 
 _TIMEOUT_S = 10.0
-
-CLOUD_RUN_GRACE_S = 5.0
-"""``SHUTDOWN_GRACE_SECONDS`` on Cloud Run unless set: it sends SIGKILL 10 s after SIGTERM,
-and the rest of those 10 s is for jobs to reach a step boundary, be released and close."""
-
-_CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
-"""Variables Cloud Run sets in a worker pool, a service and a job."""
-
-_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|private", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*(?=@)", re.IGNORECASE)
-_MASK = "********"
 
 
 class Level(str, Enum):
@@ -93,78 +75,6 @@ class Check:
     def to_json(self) -> dict[str, str]:
         """``{"check", "level", "detail"}``."""
         return {"check": self.name, "level": self.level.value, "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class SettingRow:
-    """One setting as in effect: the variable, its value as shown, and where it came from."""
-
-    variable: str
-    value: str
-    source: str
-    """``environment``, ``default``, or the reason of a platform default (``Cloud Run``)."""
-
-
-def cloud_run(environ: Mapping[str, str]) -> str | None:
-    """The Cloud Run marker variable set in ``environ``, or None off Cloud Run."""
-    return next((name for name in _CLOUD_RUN_MARKERS if environ.get(name)), None)
-
-
-def platform_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Defaults that differ on the platform the worker runs on; a set variable always wins.
-
-    On Cloud Run the shutdown grace is :data:`CLOUD_RUN_GRACE_S`, so that a
-    stop fits its 10 s SIGTERM window.
-    """
-    if cloud_run(environ) and env_name("shutdown_grace_seconds") not in environ:
-        return {"shutdown_grace_seconds": CLOUD_RUN_GRACE_S}
-    return {}
-
-
-def mask(name: str, value: Any) -> str:
-    """``value`` as ``config`` may print it: secrets and URL passwords masked."""
-    if value is None:
-        return "(unset)"
-    if isinstance(value, (SecretStr, SecretBytes)) or (_SECRET_NAME.search(name) and value):
-        return _MASK
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + _MASK, str(value))
-
-
-def effective_settings(
-    settings: Settings, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None
-) -> list[SettingRow]:
-    """Every setting with its value and source, then the derived paths and credentials."""
-    overrides = overrides or {}
-    rows = []
-    for field in type(settings).model_fields:
-        variable = env_name(field)
-        if field in overrides:
-            source = f"{cloud_run(environ) or 'platform'} default"
-        elif variable in environ:
-            source = "environment"
-        else:
-            source = "default"
-        rows.append(SettingRow(variable, mask(variable, getattr(settings, field)), source))
-    derived: list[tuple[str, Callable[[], str | None]]] = [
-        ("subscription path", lambda: settings.subscription_path),
-        ("project", lambda: settings.project_id),
-        ("failure topic path", lambda: settings.failure_topic_path),
-    ]
-    for label, read in derived:
-        try:
-            value = read()
-        except ConfigError as exc:
-            value = f"({exc})"
-        rows.append(SettingRow(label, mask(label, value), "derived"))
-    credentials = environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if settings.pubsub_emulator_host or settings.firestore_emulator_host:
-        how = "none needed by the emulators"
-    elif credentials:
-        how = f"key file {credentials} (GOOGLE_APPLICATION_CREDENTIALS; its contents not shown)"
-    else:
-        how = "application default credentials (metadata server or gcloud auth)"
-    rows.append(SettingRow("credentials", how, "derived"))
-    return rows
 
 
 # -- the subscription, as read ------------------------------------------------------

@@ -2,9 +2,10 @@
 
 :func:`show` reads one job through the :class:`~pubsub_worker.store.JobStore`
 protocol (the document id is derived from the key, as a worker derives it)
-and turns it into a :class:`JobView`: status, epoch, owner, the lease left
-on Firestore's clock, every step with its time and size, the outbox and the
-last error.
+and turns it into a :class:`~pubsub_worker.jobs_view.JobView`: status,
+epoch, owner, the lease left on Firestore's clock, every step with its time
+and size, the outbox and the last error. How a view is shown (text, table,
+JSON) is :mod:`pubsub_worker.jobs_view`.
 
 :func:`list_jobs` is one Firestore query per page, newest first::
 
@@ -33,8 +34,6 @@ one is replayed, not released).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -44,23 +43,21 @@ from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from . import store as s
-from .claim import lease_left_s, now_utc
+from .claim import now_utc
 from .errors import PubSubWorkerError, StoreError, VersionConflict
 from .failure import rejected_document_id
+from .jobs_view import JobView
 from .keys import document_id
-from .store import JobRecord, JobStore, Snapshot, Status
+from .store import JobStore, Status
 
 __all__ = [
     "LIST_INDEXES",
     "IndexField",
     "IndexMissing",
-    "JobView",
-    "OutboxView",
     "Page",
     "QueryShape",
     "ReleaseOutcome",
     "ReleaseResult",
-    "StepView",
     "decode_cursor",
     "encode_cursor",
     "index_commands",
@@ -70,172 +67,6 @@ __all__ = [
     "release",
     "show",
 ]
-
-_STEP_AT = "at"
-"""Field of a step record (``steps.{name}.at``) holding when it was committed."""
-_OUTBOX_EFFECT_KEY = "effect_key"
-"""Field of an outbox entry (``outbox.{id}.effect_key``) holding its effect key."""
-
-
-@dataclass(frozen=True)
-class StepView:
-    """One recorded step: who recorded it, when, and how large its result is."""
-
-    name: str
-    epoch: int
-    at: datetime | None
-    size_bytes: int
-    """UTF-8 bytes of the result as stored (JSON text)."""
-
-
-@dataclass(frozen=True)
-class OutboxView:
-    """One outbox entry: where it goes, whether it went."""
-
-    id: str
-    step: str
-    topic: str
-    sent: bool
-    size_bytes: int
-    effect_key: str | None
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job document as an operator reads it. Times are UTC, as stored."""
-
-    doc_id: str
-    key: str | None
-    subscription: str | None
-    status: Status
-    epoch: int
-    owner: str | None
-    message_id: str | None
-    attempts: int
-    lease_s: float | None
-    lease_left_s: float | None
-    """Running jobs only: seconds the owner's lease still runs on Firestore's clock (<= 0:
-    lapsed). ``None`` for every other status."""
-    reason: str | None
-    error: str | None
-    steps: tuple[StepView, ...]
-    outbox: tuple[OutboxView, ...]
-    first_seen_at: datetime | None
-    updated_at: datetime | None
-    completed_at: datetime | None
-    failed_at: datetime | None
-    replayed_at: datetime | None
-    expire_at: datetime | None
-
-    @classmethod
-    def from_fields(
-        cls,
-        doc_id: str,
-        fields: Mapping[str, Any],
-        now: datetime,
-        *,
-        read_time: datetime | None = None,
-        update_time: datetime | None = None,
-    ) -> JobView:
-        """The view of a stored document; the lease is judged like a claim judges it."""
-        record = JobRecord.parse(fields)
-        raw_steps = fields.get(s.STEPS) or {}
-        steps = tuple(
-            StepView(
-                name=name,
-                epoch=step.epoch,
-                at=_time((raw_steps.get(name) or {}).get(_STEP_AT)),
-                size_bytes=len(step.result.encode("utf-8", "surrogatepass")),
-            )
-            for name, step in sorted(
-                record.steps.items(), key=lambda item: _sort_time(raw_steps, item[0])
-            )
-        )
-        raw_outbox = fields.get(s.OUTBOX) or {}
-        outbox = tuple(
-            OutboxView(
-                id=entry.id,
-                step=entry.step,
-                topic=entry.topic,
-                sent=entry.sent,
-                size_bytes=len(entry.data),
-                effect_key=(raw_outbox.get(entry.id) or {}).get(_OUTBOX_EFFECT_KEY),
-            )
-            for entry in sorted(record.outbox.values(), key=lambda e: e.id)
-        )
-        left = None
-        if record.status is Status.RUNNING:
-            left = lease_left_s(record, now, read_time=read_time, update_time=update_time)
-        return cls(
-            doc_id=doc_id,
-            key=record.key,
-            subscription=record.subscription,
-            status=record.status,
-            epoch=record.epoch,
-            owner=record.owner,
-            message_id=record.message_id,
-            attempts=record.attempts,
-            lease_s=record.lease_s,
-            lease_left_s=left,
-            reason=record.reason,
-            error=record.error,
-            steps=steps,
-            outbox=outbox,
-            first_seen_at=_time(fields.get(s.FIRST_SEEN_AT)),
-            updated_at=_time(fields.get(s.UPDATED_AT)),
-            completed_at=_time(fields.get(s.COMPLETED_AT)),
-            failed_at=_time(record.failed_at),
-            replayed_at=_time(record.replayed_at),
-            expire_at=_time(fields.get(s.EXPIRE_AT)),
-        )
-
-    @classmethod
-    def from_snapshot(cls, doc_id: str, snapshot: Snapshot, now: datetime) -> JobView:
-        """The view of a document read through a :class:`~pubsub_worker.store.JobStore`."""
-        return cls.from_fields(
-            doc_id,
-            snapshot.fields,
-            now,
-            read_time=snapshot.read_time,
-            update_time=snapshot.update_time,
-        )
-
-    @property
-    def is_job(self) -> bool:
-        """False for a message rejected before it became a job (missing key, conflict)."""
-        return self.epoch > 0
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON types: times as ISO 8601 text, the status as its value."""
-        out: dict[str, Any] = {}
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if item.name in ("steps", "outbox"):
-                value = [_plain(dataclasses.asdict(part)) for part in value]
-            out[item.name] = _plain(value)
-        return out
-
-
-def _time(value: Any) -> datetime | None:
-    """A stored timestamp as an aware UTC datetime (Firestore's come back aware already)."""
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
-
-
-def _sort_time(raw_steps: Mapping[str, Any], name: str) -> tuple[datetime, str]:
-    at = _time((raw_steps.get(name) or {}).get(_STEP_AT))
-    return (at or datetime.min.replace(tzinfo=timezone.utc), name)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 # -- show ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import cli
 from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim, now_utc
+from pubsub_worker.cli import environment as cli_environment
 from pubsub_worker.errors import VersionConflict
 from pubsub_worker.keys import derive_identity
 from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
@@ -302,12 +303,12 @@ def test_the_cli_reports_a_conflict_in_one_line_and_publishes_nothing(
     plain = FirestoreJobStore(firestore_client, firestore_collection)
     doc_id = make_failed(plain, sub)
     _cli_env(monkeypatch, emulators, sub, firestore_collection)
-    real_store = cli._store
+    real_store = cli_environment.job_store
 
     def racing_store(settings: Any) -> Any:
         return WriterAfterRead(real_store(settings), plain)
 
-    monkeypatch.setattr(cli, "_store", racing_store)
+    monkeypatch.setattr(cli_environment, "job_store", racing_store)
     capsys.readouterr()
     assert cli.main(["replay", "--all"]) == 1
     captured = capsys.readouterr()

@@ -11,6 +11,7 @@ from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy, Su
 
 from pubsub_worker import Settings
 from pubsub_worker import config_check as cc
+from pubsub_worker import config_report as cr
 from pubsub_worker.jobs import LIST_INDEXES
 
 SUB = "projects/proj/subscriptions/sub"
@@ -89,22 +90,22 @@ def test_a_subscription_that_delivers_nothing_to_a_pull_worker_is_a_problem(
 
 
 def test_secrets_and_url_passwords_are_masked() -> None:
-    assert cc.mask("API_TOKEN", "abc") == "********"
-    assert cc.mask("DB_PASSWORD", "hunter2") == "********"
-    assert cc.mask("PUBSUB_WORKER_SUBSCRIPTION", SUB) == SUB
-    assert cc.mask("proxy", "https://user:hunter2@example.com/x") == (
+    assert cr.mask("API_TOKEN", "abc") == "********"
+    assert cr.mask("DB_PASSWORD", "hunter2") == "********"
+    assert cr.mask("PUBSUB_WORKER_SUBSCRIPTION", SUB) == SUB
+    assert cr.mask("proxy", "https://user:hunter2@example.com/x") == (
         "https://user:********@example.com/x"
     )
-    assert cc.mask("anything", None) == "(unset)"
+    assert cr.mask("anything", None) == "(unset)"
 
 
 def test_effective_settings_say_where_each_value_came_from() -> None:
     environ = {"PUBSUB_WORKER_SUBSCRIPTION": SUB, "CLOUD_RUN_WORKER_POOL": "pool"}
-    overrides = cc.platform_overrides(environ)
-    assert overrides == {"shutdown_grace_seconds": cc.CLOUD_RUN_GRACE_S}
+    overrides = cr.platform_overrides(environ)
+    assert overrides == {"shutdown_grace_seconds": cr.CLOUD_RUN_GRACE_S}
     rows = {
         row.variable: row
-        for row in cc.effective_settings(
+        for row in cr.effective_settings(
             Settings(subscription=SUB, **overrides), environ, overrides
         )
     }
@@ -117,10 +118,10 @@ def test_effective_settings_say_where_each_value_came_from() -> None:
 
 
 def test_a_set_grace_wins_over_cloud_runs_default_and_elsewhere_there_is_none() -> None:
-    assert cc.platform_overrides({"K_SERVICE": "svc"}) == {"shutdown_grace_seconds": 5.0}
+    assert cr.platform_overrides({"K_SERVICE": "svc"}) == {"shutdown_grace_seconds": 5.0}
     set_by_hand = {"K_SERVICE": "svc", "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "8"}
-    assert cc.platform_overrides(set_by_hand) == {}
-    assert cc.platform_overrides({}) == {}
+    assert cr.platform_overrides(set_by_hand) == {}
+    assert cr.platform_overrides({}) == {}
 
 
 class FakeAdmin:

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 
-from pubsub_worker import cli
 from pubsub_worker import jobs as job_ops
+from pubsub_worker import jobs_view
 from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim
+from pubsub_worker.cli import jobs as cli_jobs
 from pubsub_worker.errors import VersionConflict
 from pubsub_worker.keys import derive_identity, document_id
 from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult
@@ -84,7 +85,7 @@ def test_show_reports_status_owner_lease_on_the_stores_clock_steps_and_sizes() -
     assert view.owner == "host/1/aa"
     assert view.lease_left_s == pytest.approx(18, abs=0.01)  # 30 s from the step's write
     assert [(s.name, s.epoch, s.size_bytes) for s in view.steps] == [("upload", 1, 12)]
-    text = cli.render_job(view)
+    text = jobs_view.render_job(view)
     assert "status       running (epoch 1, attempts 1)" in text
     assert "lease        18 s left of 30 s (Firestore's clock)" in text
     assert "upload  epoch 1  2025-05-01 10:00:01 UTC  12 B" in text
@@ -104,13 +105,13 @@ def test_a_hostile_key_cannot_forge_lines_or_send_terminal_escapes() -> None:
     view = job_ops.show(store, SUB, key)
     assert view is not None
     assert view.key == key
-    for text in (cli.render_job(view), cli.render_table([view])):
+    for text in (jobs_view.render_job(view), jobs_view.render_table([view])):
         assert "\x1b" not in text
         assert "\r" not in text
         assert "\u202e" not in text
         assert "ok\\n\\x1b[31mjob fake status completed\\r" in text
-    assert "\\u202e" in cli.render_job(view)  # the table clips the key at 40 bytes
-    assert len(cli.render_table([view]).splitlines()) == 2
+    assert "\\u202e" in jobs_view.render_job(view)  # the table clips the key at 40 bytes
+    assert len(jobs_view.render_table([view]).splitlines()) == 2
 
 
 def test_release_bumps_the_epoch_keeps_the_steps_and_fences_the_owner() -> None:
@@ -227,13 +228,13 @@ def test_a_cursor_round_trips_to_the_microsecond_and_rejects_garbage() -> None:
     [("90", 90), ("30s", 30), ("10m", 600), ("1h30m", 5400), ("2d", 172800), ("1.5h", 5400)],
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert cli.parse_duration(text) == seconds
+    assert cli_jobs.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "10x", "m", "10m5", "ten minutes", "-5m"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(Exception, match="expected a duration"):
-        cli.parse_duration(text)
+        cli_jobs.parse_duration(text)
 
 
 class RefusingQuery:
@@ -275,11 +276,11 @@ def test_the_replay_summary_counts_what_was_not_replayed_by_reason() -> None:
         result(ReplayOutcome.SKIPPED, "replayed moments ago (3 s); its message may be on its way"),
         result(ReplayOutcome.FAILED, "reset, but publishing failed (Timeout: x); replay it again"),
     ]
-    assert cli._summary(results, dry_run=False) == [
+    assert cli_jobs._summary(results, dry_run=False) == [
         "  skipped 3: running (2), replayed moments ago (1)",
         "  failed 1: reset, but publishing failed (1)",
     ]
-    assert cli._summary(results[:1], dry_run=True) == [
+    assert cli_jobs._summary(results[:1], dry_run=True) == [
         "  dry run: nothing was written or published"
     ]
 
@@ -288,7 +289,7 @@ def test_the_progress_bar_keeps_to_one_line_and_prints_notes_above_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     terminal = io.StringIO()
-    bar = cli._Bar(4, terminal)
+    bar = cli_jobs._Bar(4, terminal)
     bar.update(1)
     bar.note("[2/4] k2: skipped: running")
     bar.update(4)
