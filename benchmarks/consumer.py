@@ -140,6 +140,21 @@ class _Recorder:
             return out
 
 
+class _WarningCounter(logging.Handler):
+    """Counts the stock client's warnings by message (they cost CPU: most carry a traceback)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[str(record.msg)[:80]] += 1
+
+
+CLIENT_WARNINGS = _WarningCounter()
+logging.getLogger("google.cloud.pubsub_v1").addHandler(CLIENT_WARNINGS)
+
+
 class _Capturing(pubsub_v1.SubscriberClient):  # type: ignore[misc]
     """A subscriber that keeps the future of its last ``subscribe``, to read its load."""
 
@@ -359,6 +374,7 @@ class _Consumer:
             callbacks=self.recorder.callbacks,
             ack_failures=self.recorder.ack_failures,
             outcomes=dict(self.recorder.outcomes),
+            client_warnings=dict(CLIENT_WARNINGS.counts),
             peak_rss_mb=_peak_rss_mb(),
         )
 

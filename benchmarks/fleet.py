@@ -417,8 +417,11 @@ def _process_summary(fleet: _Fleet) -> dict[str, Any]:
     """What the processes said at the end: RSS, the wrapper's metrics and outcomes."""
     metrics: dict[str, float] = {}
     outcomes: dict[str, int] = {}
+    warnings: dict[str, int] = {}
     for member in fleet.members:
         result = member.result or {}
+        for text, count in (result.get("client_warnings") or {}).items():
+            warnings[text] = warnings.get(text, 0) + int(count)
         for name, value in (result.get("metrics") or {}).items():
             if isinstance(value, (int, float)):
                 metrics[name] = metrics.get(name, 0) + value
@@ -432,6 +435,7 @@ def _process_summary(fleet: _Fleet) -> dict[str, Any]:
         ],
         "metrics": metrics,
         "outcomes": outcomes,
+        "client_warnings": warnings,
         "ack_failures": sum(int((m.result or {}).get("ack_failures", 0)) for m in fleet.members),
         "redeliveries": fleet.repeats,
         "pids": [m.pid for m in fleet.members],

@@ -169,8 +169,18 @@ def summarize(
                 )
             ),
             "redeliveries": sum(int(r.get("redeliveries", 0)) for r in mine),
+            "client_warnings": _warnings(mine),
             "ack_failures": sum(int(r.get("ack_failures", 0)) for r in mine),
         }
+    return out
+
+
+def _warnings(runs: Sequence[Run]) -> dict[str, list[int]]:
+    """The stock client's warnings, by message: how many in each run that had any."""
+    out: dict[str, list[int]] = {}
+    for run in runs:
+        for text, count in (run.get("client_warnings") or {}).items():
+            out.setdefault(text, []).append(int(count))
     return out
 
 
@@ -333,6 +343,22 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     if stalls:
         lines += ["", "Failed or stalled runs (bounded, not waited for):", "", *stalls]
+    noisy = [
+        f"- {report['scenarios'][name]}: "
+        + "; ".join(
+            f"{text!r} in {len(counts)} of {row['runs']} runs ({', '.join(map(str, counts))})"
+            for text, counts in row["client_warnings"].items()
+        )
+        for name, row in report["summary"].items()
+        if row["client_warnings"]
+    ]
+    if noisy:
+        lines += [
+            "",
+            "Warnings the stock client logged (its own logger, each with a traceback):",
+            "",
+            *noisy,
+        ]
     redelivered = sum(row["redeliveries"] for row in report["summary"].values())
     if redelivered:
         lines += ["", f"Redeliveries seen (counted once): {redelivered}."]
