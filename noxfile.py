@@ -81,7 +81,7 @@ def chaos(session: nox.Session) -> None:
     """Workers killed, frozen and cut off under seeded faults; every effect counted.
 
     ``nox -s chaos`` is the full run (4 workers x 2,000 jobs); ``nox -s chaos --
-    --short --seed 42,random`` the CI one. Exits 1 when an invariant fails.
+    --short --seed 42,random --parallel`` the CI one. Exits 1 when an invariant fails.
     """
     _install(session, "test")
     session.run("python", "-m", "benchmarks.chaos", *session.posargs)

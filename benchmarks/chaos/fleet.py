@@ -3,14 +3,17 @@
 Each worker slot owns two :class:`~emulator.TcpProxy` links, one to Pub/Sub
 and one to Firestore (its ``PUBSUB_EMULATOR_HOST`` and
 ``FIRESTORE_EMULATOR_HOST`` point at them), so one worker can be cut off
-or partitioned alone. A slot outlives its processes: a killed worker is
-replaced by a new incarnation on the same links.
+or partitioned alone; behind each link, a gRPC proxy of the slot's own
+fails or delays RPCs and tells the ledger which worker each delivery went
+to. A slot outlives its processes: a killed worker is replaced by a new
+incarnation on the same links.
 
 No worker outlives the run: each runs in its own session (process group)
 that :meth:`Fleet.stop` ends with SIGCONT, SIGTERM, then SIGKILL; and each
 gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux, so even a SIGKILLed
 orchestrator leaves none behind. The kernel ties that signal to the thread
-that spawned the child: start workers from the main thread only.
+that spawned the child: start workers from a thread that outlives them
+(the thread of the run).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.chaos.grpc_proxy import FIRESTORE_SHAPES, PUBSUB_SHAPES, GrpcFaultProxy, Observer
 from emulator import TcpProxy
 
 __all__ = ["HANDLER", "ROOT", "Fleet", "Worker", "worker_command"]
@@ -61,6 +65,8 @@ class Worker:
     """One slot of the fleet: its links and its current process (if any)."""
 
     name: str
+    pubsub_proxy: GrpcFaultProxy
+    firestore_proxy: GrpcFaultProxy
     pubsub_link: TcpProxy
     firestore_link: TcpProxy
     log_dir: Path
@@ -70,6 +76,8 @@ class Worker:
     paused: bool = False
     exits: list[int] = field(default_factory=list)
     """Exit codes of incarnations that ended without being killed by the run."""
+    pids: list[int] = field(default_factory=list)
+    """Process id of each incarnation, in order."""
 
     @property
     def pid(self) -> int | None:
@@ -112,25 +120,26 @@ class Worker:
                 start_new_session=True,
                 close_fds=True,
             )
+        self.pids.append(self.process.pid)
         self.paused = False
 
     def kill(self) -> None:
         """SIGKILL the process group and reap it."""
         if self.process is None:
             return
-        self._signal(signal.SIGKILL)
+        self.send(signal.SIGKILL)
         self.process.wait(timeout=10)
         self.process = None
         self.paused = False
 
     def pause(self) -> None:
         """SIGSTOP the process group."""
-        self._signal(signal.SIGSTOP)
+        self.send(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
         """SIGCONT the process group."""
-        self._signal(signal.SIGCONT)
+        self.send(signal.SIGCONT)
         self.paused = False
 
     def reap(self) -> int | None:
@@ -149,11 +158,11 @@ class Worker:
         if process is None:
             return
         if process.poll() is None:
-            self._signal(signal.SIGCONT)
-            self._signal(signal.SIGTERM)
+            self.send(signal.SIGCONT)
+            self.send(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=grace_s)
-        self._signal(signal.SIGKILL)  # the group: no helper process survives its leader
+        self.send(signal.SIGKILL)  # the group: no helper process survives its leader
         process.wait(timeout=10)
         self.process = None
         self.paused = False
@@ -166,7 +175,8 @@ class Worker:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _signal(self, signum: int) -> None:
+    def send(self, signum: int) -> None:
+        """Signal the process group (only while its leader is unreaped)."""
         # Only while the leader is unreaped: its group id cannot have been reused.
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -174,26 +184,49 @@ class Worker:
 
 
 class Fleet:
-    """``size`` worker slots, each with its own links to the two (proxied) emulators."""
+    """``size`` worker slots, each with its own gRPC proxies and links to the emulators.
+
+    A slot's chain: worker -> :class:`~emulator.TcpProxy` (cuts, partitions) ->
+    :class:`~benchmarks.chaos.grpc_proxy.GrpcFaultProxy` (RPC errors, latency;
+    what it sees goes to ``observer(worker name)``) -> emulator.
+    """
 
     def __init__(
         self,
         size: int,
         *,
-        pubsub_target: str,
-        firestore_target: str,
+        pubsub_host: str,
+        firestore_host: str,
         env: Mapping[str, str],
         log_dir: Path,
+        seed: int,
+        observer: Callable[[str], Observer] | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.workers: list[Worker] = []
         try:
             for index in range(size):
+                name = f"w{index}"
+                pubsub = GrpcFaultProxy(
+                    pubsub_host,
+                    shapes=PUBSUB_SHAPES,
+                    observer=observer(name) if observer else None,
+                    seed=seed * 100 + index,
+                    name=f"chaos-{name}-pubsub",
+                )
+                firestore = GrpcFaultProxy(
+                    firestore_host,
+                    shapes=FIRESTORE_SHAPES,
+                    seed=seed * 100 + 50 + index,
+                    name=f"chaos-{name}-firestore",
+                )
                 self.workers.append(
                     Worker(
-                        name=f"w{index}",
-                        pubsub_link=TcpProxy(pubsub_target),
-                        firestore_link=TcpProxy(firestore_target),
+                        name=name,
+                        pubsub_proxy=pubsub,
+                        firestore_proxy=firestore,
+                        pubsub_link=TcpProxy(pubsub.address),
+                        firestore_link=TcpProxy(firestore.address),
                         log_dir=log_dir,
                         env=env,
                     )
@@ -211,18 +244,28 @@ class Fleet:
         """SIGTERM every worker at once, then make sure none is left. Idempotent."""
         for worker in self.workers:
             if worker.up:
-                worker._signal(signal.SIGCONT)
-                worker._signal(signal.SIGTERM)
+                worker.send(signal.SIGCONT)
+                worker.send(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for worker in self.workers:
             worker.stop(max(deadline - time.monotonic(), 0.1))
 
     def close(self) -> None:
-        """Stop the workers and close the links."""
+        """Stop the workers, close the links and the proxies."""
         self.stop()
         for worker in self.workers:
             worker.pubsub_link.close()
             worker.firestore_link.close()
+            worker.pubsub_proxy.close()
+            worker.firestore_proxy.close()
+
+    def names(self) -> dict[int, str]:
+        """``{pid: "w1#2"}``: which slot and incarnation each process was."""
+        return {
+            pid: f"{worker.name}#{n}"
+            for worker in self.workers
+            for n, pid in enumerate(worker.pids, start=1)
+        }
 
     def log_paths(self) -> list[Path]:
         """Every incarnation's log, in order."""

@@ -20,7 +20,6 @@ from typing import Any
 import grpc
 
 from benchmarks.chaos.fleet import Fleet, Worker
-from benchmarks.chaos.grpc_proxy import GrpcFaultProxy
 from benchmarks.chaos.ledger import ACKNOWLEDGE, MODIFY_ACK_DEADLINE
 from benchmarks.chaos.schedule import Fault, FaultEvent
 
@@ -71,15 +70,13 @@ class Injector:
         self,
         fleet: Fleet,
         *,
-        pubsub: GrpcFaultProxy,
-        firestore: GrpcFaultProxy,
         error_ratio: float,
         max_impaired: int,
     ) -> None:
         self._fleet = fleet
         self._max_impaired = max_impaired
-        self._pubsub = pubsub
-        self._firestore = firestore
+        self._pubsub = [worker.pubsub_proxy for worker in fleet.workers]
+        self._firestore = [worker.firestore_proxy for worker in fleet.workers]
         self._error_ratio = error_ratio
         self._pending: list[tuple[float, int, str, Callable[[float], None]]] = []
         self._order = itertools.count()
@@ -168,8 +165,11 @@ class Injector:
         )
 
     def pubsub_injected(self) -> dict[str, int]:
-        """Errors the Pub/Sub proxy injected so far, by full method name."""
-        return self._pubsub.injected
+        """Errors the Pub/Sub proxies injected so far, by full method name."""
+        total: Counter[str] = Counter()
+        for proxy in self._pubsub:
+            total.update(proxy.injected)
+        return dict(total)
 
     @property
     def pending(self) -> bool:
@@ -181,9 +181,12 @@ class Injector:
     def _target(self, event: FaultEvent, now: float) -> Worker | None:
         """The aimed-at worker if it can take the fault now, else the next one that can.
 
-        A kill or a pause skips a worker restarted or resumed less than
-        :data:`SETTLE_S` ago: it holds no job yet (or has not touched the
-        jobs it woke up with), so the fault would test nothing.
+        One impairment at a time per worker: a kill, pause or partition skips
+        a worker that is partitioned already, or that was restarted or
+        resumed less than :data:`SETTLE_S` ago (it holds no job yet, or has
+        not touched the jobs it woke up with, so the fault would test
+        nothing; and a worker started inside a partition only fails its
+        start-up checks).
         """
         workers = self._fleet.workers
         for offset in range(len(workers)):
@@ -191,11 +194,8 @@ class Injector:
             if not worker.up or worker.paused or worker.name in self._restarting:
                 continue
             settling = now - self._settled_at.get(worker.name, -SETTLE_S) < SETTLE_S
-            if event.fault in (Fault.KILL, Fault.PAUSE) and settling:
-                continue
-            if any(
-                (worker.name, name) in self._partitioned for name in _LINKS.get(event.fault, ())
-            ):
+            partitioned = any(name == worker.name for name, _ in self._partitioned)
+            if event.fault.impairs and (settling or partitioned):
                 continue
             return worker
         return None
@@ -246,20 +246,23 @@ class Injector:
         self._window_until[fault] = until
         if fault is Fault.SLOW_FIRESTORE:
             low, high = event.latency_ms
-            self._firestore.delay(low / 1000, high / 1000)
+            for proxy in self._firestore:
+                proxy.delay(low / 1000, high / 1000)
             detail: dict[str, Any] = {"latency_ms": list(event.latency_ms)}
         else:
-            self._pubsub.fail({_METHOD[fault]: self._error_ratio}, codes=TRANSIENT_CODES)
+            for proxy in self._pubsub:
+                proxy.fail({_METHOD[fault]: self._error_ratio}, codes=TRANSIENT_CODES)
             detail = {"ratio": self._error_ratio}
 
         def close(at: float) -> None:
             if self._window_until.get(fault, 0.0) > at:
                 return  # a later window of the same kind is still open
             self._window_until.pop(fault, None)
-            if fault is Fault.SLOW_FIRESTORE:
-                self._firestore.delay(0.0, 0.0)
-            else:
-                self._pubsub.heal((_METHOD[fault],))
+            for proxy in self._firestore if fault is Fault.SLOW_FIRESTORE else self._pubsub:
+                if fault is Fault.SLOW_FIRESTORE:
+                    proxy.delay(0.0, 0.0)
+                else:
+                    proxy.heal((_METHOD[fault],))
 
         self._later(until, f"close {fault.value}", close)
         self.counts[fault.value] += 1

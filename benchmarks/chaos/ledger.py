@@ -16,6 +16,7 @@ the subscription after the fleet stopped (:mod:`benchmarks.chaos.run`).
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import grpc
@@ -64,20 +65,27 @@ class Ledger:
         self.subscription_path = subscription_path
         self._lock = threading.Lock()  # guards everything below
         self._deliveries: Counter[str] = Counter()
+        self._delivered_at: dict[str, list[tuple[float, str]]] = {}  # id -> (wall time, worker)
         self._message_of: dict[str, str] = {}  # ack id -> message id
         self._acked: set[str] = set()
         self._counts: Counter[str] = Counter()
 
     # -- Observer -------------------------------------------------------------------
 
-    def streamed(self, method: str, response: bytes) -> None:
+    def for_worker(self, worker: str) -> _WorkerView:
+        """The observer of one worker's proxy: deliveries are recorded with its name."""
+        return _WorkerView(self, worker)
+
+    def streamed(self, method: str, response: bytes, worker: str = "?") -> None:
         if method != STREAMING_PULL:
             return
         parsed = _PULL_RESPONSE.FromString(response)
+        now = time.time()
         with self._lock:
             for received in parsed.received_messages:
                 message_id = received.message.message_id
                 self._deliveries[message_id] += 1
+                self._delivered_at.setdefault(message_id, []).append((now, worker))
                 self._message_of[received.ack_id] = message_id
 
     def answered(self, method: str, request: bytes, error: grpc.Call | None) -> None:
@@ -113,6 +121,11 @@ class Ledger:
         with self._lock:
             return dict(self._deliveries)
 
+    def delivered_at(self, message_id: str) -> list[tuple[float, str]]:
+        """``(wall time, worker)`` of each delivery of ``message_id``."""
+        with self._lock:
+            return list(self._delivered_at.get(message_id, ()))
+
     def acked(self) -> set[str]:
         """Message ids with an accepted ack."""
         with self._lock:
@@ -127,3 +140,17 @@ class Ledger:
         """Acks, refused acks, lease modacks, nacks seen (by ack id)."""
         with self._lock:
             return dict(self._counts)
+
+
+class _WorkerView:
+    """A :class:`Ledger` as one worker's proxy sees it."""
+
+    def __init__(self, ledger: Ledger, worker: str) -> None:
+        self._ledger = ledger
+        self._worker = worker
+
+    def streamed(self, method: str, response: bytes) -> None:
+        self._ledger.streamed(method, response, self._worker)
+
+    def answered(self, method: str, request: bytes, error: grpc.Call | None) -> None:
+        self._ledger.answered(method, request, error)

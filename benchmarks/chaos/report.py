@@ -70,8 +70,9 @@ def render(report: dict[str, Any]) -> str:
         f"| slow Firestore windows | {events['slow-firestore']} |",
         f"| lost-ownership events | {events['lost_ownership']} |",
         f"| stale commits rejected | {events['stale_commits_rejected']} |",
-        f"| redeliveries (messages redelivered) | {events['redeliveries']} "
-        f"({events['redelivered_messages']}) |",
+        f"| redeliveries by Pub/Sub (messages redelivered); deliveries run by the wrapper "
+        f"beyond one per job | {events['redeliveries']} ({events['redelivered_messages']}); "
+        f"{events['wrapper_redeliveries']} |",
         f"| acks refused by Pub/Sub (job already complete) | {pubsub.get('acks_refused', 0)} |",
         f"| jobs completed / in the failure path (poison) | {figures['completed']} / "
         f"{figures['failed']} ({figures['failed_poison']}) |",

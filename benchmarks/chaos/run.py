@@ -5,9 +5,11 @@ Phases, each bounded in time (``Options.time_limit_s`` in all):
 1. **Set-up.** A fresh exactly-once subscription with the lease as its ack
    deadline and *no retry policy*, an output topic with the downstream
    consumer's subscription, a failure topic with one of its own, fresh
-   Firestore collections. Two :class:`~benchmarks.chaos.grpc_proxy.GrpcFaultProxy`
-   (Pub/Sub, Firestore), one pair of :class:`~emulator.TcpProxy` links per
-   worker in front of them. The jobs are published, then the fleet starts.
+   Firestore collections. Per worker, two
+   :class:`~benchmarks.chaos.grpc_proxy.GrpcFaultProxy` (Pub/Sub, Firestore)
+   and a :class:`~emulator.TcpProxy` link in front of each
+   (:mod:`benchmarks.chaos.fleet`). The fleet starts, and the jobs are
+   published at a steady rate (see :class:`_Feeder`).
 2. **Faults.** From the first delivery on, the seeded schedule is carried
    out while work remains: until every job is completed or failed, or until
    ``Options.fault_time_s`` passed, or until :data:`DRAIN_RESERVE_S` before
@@ -44,7 +46,6 @@ from google.api_core import exceptions as gexc
 
 from benchmarks.chaos.downstream import KeyedConsumer
 from benchmarks.chaos.fleet import Fleet
-from benchmarks.chaos.grpc_proxy import FIRESTORE_SHAPES, PUBSUB_SHAPES, GrpcFaultProxy
 from benchmarks.chaos.injector import Injector
 from benchmarks.chaos.ledger import Ledger
 from benchmarks.chaos.options import Options
@@ -61,6 +62,8 @@ FIRST_ROUND_GRACE_S = 20.0
 """How long the fault phase may run over to let the first fault of a kind find room."""
 FINAL_MARGIN_S = 2.0
 PROGRESS_EVERY_S = 2.0
+MAX_HANDOVERS = 300
+"""Jobs whose handover story the JSON report tells (those run by more than one process)."""
 MAX_UNEXPECTED_EXITS = 8
 """A fleet whose workers die by themselves this often is broken: the run stops."""
 
@@ -215,6 +218,7 @@ class _Run:
         self.specs = _job_specs(options)
         self.published: dict[str, str] = {}  # message id -> job key
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.progress_at = 0.0
         self.terminal = (0, 0)
         self.unexpected_exits = 0
@@ -248,29 +252,14 @@ class _Run:
                 "failure_topic": failures.topic_path,
             }
             ledger = Ledger(jobs.subscription_path)
-            pubsub = stack.enter_context(
-                GrpcFaultProxy(
-                    self.emulators.pubsub_host,
-                    shapes=PUBSUB_SHAPES,
-                    observer=ledger,
-                    seed=options.seed,
-                    name="chaos-pubsub",
-                )
-            )
-            firestore = stack.enter_context(
-                GrpcFaultProxy(
-                    self.emulators.firestore_host,
-                    shapes=FIRESTORE_SHAPES,
-                    seed=options.seed + 1,
-                    name="chaos-firestore",
-                )
-            )
             fleet = Fleet(
                 options.workers,
-                pubsub_target=pubsub.address,
-                firestore_target=firestore.address,
+                pubsub_host=self.emulators.pubsub_host,
+                firestore_host=self.emulators.firestore_host,
                 env=_worker_env(options, self.emulators, names, logs),
                 log_dir=logs,
+                seed=options.seed,
+                observer=ledger.for_worker,
             )
             stack.callback(fleet.close)
             out_consumer = KeyedConsumer(
@@ -284,8 +273,6 @@ class _Run:
                 stack.callback(consumer.stop)
             injector = Injector(
                 fleet,
-                pubsub=pubsub,
-                firestore=firestore,
                 error_ratio=options.error_ratio,
                 max_impaired=options.max_impaired,
             )
@@ -487,8 +474,20 @@ class _Run:
             kills=injector.kills,
         )
         checks, figures = verify(evidence)
+        message_of = {key: message_id for message_id, key in self.published.items()}
+        for recovery in figures["recoveries"]:
+            # When Pub/Sub handed each held job out again: the first step of a recovery.
+            recovery["redelivered_after_s"] = {
+                job: [
+                    f"{t - recovery['at_wall']:.1f} {worker}"
+                    for t, worker in ledger.delivered_at(message_of.get(job, ""))
+                    if t > recovery["at_wall"]
+                ]
+                for job in recovery["jobs"]
+            }
         deliveries = ledger.deliveries()
         workers = _worker_counters(fleet)
+        handovers = self._handovers(begins, message_of, ledger, fleet.names())
         events = {
             **{fault.value: injector.counts.get(fault.value, 0) for fault in Fault},
             "skipped": dict(injector.skipped),
@@ -497,6 +496,12 @@ class _Run:
             "redeliveries": sum(n - 1 for n in deliveries.values() if n > 1),
             "redelivered_messages": sum(1 for n in deliveries.values() if n > 1),
             "pubsub": ledger.counts(),
+            # Deliveries the wrapper was handed, beyond one per job. Most redeliveries by
+            # Pub/Sub never get this far: the emulator hands a stream more than its flow
+            # control asks for, and what waits there too long is given to another.
+            "wrapper_redeliveries": max(
+                int(workers["metrics"].get("received", 0)) - len(self.specs), 0
+            ),
             "lost_ownership": int(workers["metrics"].get("lost_ownership", 0)),
             "stale_commits_rejected": int(workers["store"].get("commits_rejected", 0)),
             "claims_raced": int(workers["store"].get("claims_raced", 0)),
@@ -523,8 +528,41 @@ class _Run:
             "events": events,
             "worker_metrics": workers,
             "timeline": injector.timeline,
+            "handovers": handovers,
             "logs": str(logs) if self.options.log_dir else None,
         }
+
+    def _handovers(
+        self,
+        begins: list[tuple[str, int, float]],
+        message_of: dict[str, str],
+        ledger: Ledger,
+        names: dict[int, str],
+    ) -> dict[str, dict[str, list[str]]]:
+        """For jobs run by more than one process: when each got it, and when each began it.
+
+        Times in seconds since the start of the run. The story of a recovery:
+        a delivery to a worker that did not begin the job points at a stalled
+        or cut-off receiver.
+        """
+        pids: dict[str, set[int]] = {}
+        for job, pid, _ in begins:
+            pids.setdefault(job, set()).add(pid)
+        moved = sorted(job for job, owners in pids.items() if len(owners) > 1)
+        out: dict[str, dict[str, list[str]]] = {}
+        for job in moved[:MAX_HANDOVERS]:
+            out[job] = {
+                "delivered": [
+                    f"{t - self.started_wall:.1f} {worker}"
+                    for t, worker in ledger.delivered_at(message_of.get(job, ""))
+                ],
+                "begun": [
+                    f"{t - self.started_wall:.1f} {names.get(pid, pid)}"
+                    for j, pid, t in begins
+                    if j == job
+                ],
+            }
+        return out
 
     # -- output -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 LONG_PARTITION_SHARE = 0.6
-"""Share of partitions that outlast the lease (the others last 2 to 8 s)."""
+"""Share of one-link partitions that outlast the lease (the others last 2 to 8 s)."""
 
 FIRST_ROUND_S = 15.0
 """Every enabled kind strikes once within this many seconds of the start."""
@@ -51,7 +51,7 @@ class Fault(str, Enum):
     PARTITION_FIRESTORE = "partition-firestore"
     """Blackhole one worker's Firestore connection for ``duration_s`` (often past the lease)."""
     ISOLATE = "isolate"
-    """Cut one worker from the network: both connections blackholed for ``duration_s``."""
+    """Cut one worker from the network past the lease: both connections blackholed."""
     ACK_ERRORS = "ack-errors"
     """For ``duration_s``, a fraction of all acks fail with a transient gRPC error."""
     MODACK_ERRORS = "modack-errors"
@@ -81,7 +81,7 @@ DEFAULT_RATES: Mapping[Fault, float] = {
     Fault.CUT_FIRESTORE: 2.0,
     Fault.PARTITION_PUBSUB: 1.0,
     Fault.PARTITION_FIRESTORE: 1.0,
-    Fault.ISOLATE: 1.0,
+    Fault.ISOLATE: 2.0,
     Fault.ACK_ERRORS: 1.5,
     Fault.MODACK_ERRORS: 1.5,
     Fault.SLOW_FIRESTORE: 1.0,
@@ -94,7 +94,7 @@ SHORT_RATES: Mapping[Fault, float] = {
     Fault.PAUSE: 6.0,
     Fault.PARTITION_PUBSUB: 2.0,
     Fault.PARTITION_FIRESTORE: 2.0,
-    Fault.ISOLATE: 3.0,
+    Fault.ISOLATE: 6.0,
     Fault.ACK_ERRORS: 3.0,
     Fault.MODACK_ERRORS: 3.0,
     Fault.SLOW_FIRESTORE: 2.0,
@@ -194,15 +194,16 @@ def _event(rng: random.Random, fault: Fault, at: float, workers: int, lease_s: f
     if fault is Fault.PAUSE:
         # Past the lease, so that the job is redelivered and claimed by another worker
         # while this one is frozen; the stale owner then wakes up mid-step.
-        return FaultEvent(at, fault, worker, duration_s=lease_s + rng.uniform(3.0, 12.0))
+        return FaultEvent(at, fault, worker, duration_s=lease_s + rng.uniform(2.0, 8.0))
     if fault in (Fault.CUT_PUBSUB, Fault.CUT_FIRESTORE):
         return FaultEvent(at, fault, worker, duration_s=0.0)
     if fault in (Fault.PARTITION_PUBSUB, Fault.PARTITION_FIRESTORE, Fault.ISOLATE):
         # Short ones test the retries of a call; long ones outlast the lease: the job is
-        # claimed by another worker while the cut-off one still has a write in flight,
-        # which only the version precondition of that write can stop.
-        long = rng.random() < LONG_PARTITION_SHARE
-        duration = lease_s + rng.uniform(8.0, 14.0) if long else rng.uniform(2.0, 8.0)
+        # claimed by another worker while the cut-off one still has a write to make,
+        # which only the version precondition of that write can stop. An isolated
+        # worker is always cut off that long.
+        long = fault is Fault.ISOLATE or rng.random() < LONG_PARTITION_SHARE
+        duration = lease_s + rng.uniform(4.0, 10.0) if long else rng.uniform(2.0, 8.0)
         return FaultEvent(at, fault, worker, duration_s=duration, reset_on_heal=rng.random() < 0.5)
     if fault is Fault.SLOW_FIRESTORE:
         high = rng.randint(200, 1000)

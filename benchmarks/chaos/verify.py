@@ -93,7 +93,9 @@ def recoveries(
                 "at_s": round(kill.at_s, 1),
                 "worker": kill.worker,
                 "pid": kill.pid,
+                "at_wall": kill.at_wall,
                 "jobs_held": len(held),
+                "jobs": sorted(held),
                 "recovered_in_s": None if math.isinf(last) else round(last - kill.at_wall, 1),
             }
         )
