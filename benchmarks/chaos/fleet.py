@@ -78,6 +78,8 @@ class Worker:
     """Exit codes of incarnations that ended without being killed by the run."""
     pids: list[int] = field(default_factory=list)
     """Process id of each incarnation, in order."""
+    started_wall: float = 0.0
+    """Wall time the current incarnation was started."""
 
     @property
     def pid(self) -> int | None:
@@ -121,6 +123,7 @@ class Worker:
                 close_fds=True,
             )
         self.pids.append(self.process.pid)
+        self.started_wall = time.time()
         self.paused = False
 
     def kill(self) -> None:

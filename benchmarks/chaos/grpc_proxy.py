@@ -89,6 +89,9 @@ class Observer(Protocol):
     def streamed(self, method: str, response: bytes) -> None:
         """One response of a stream, on its way to the client."""
 
+    def opened(self, method: str) -> None:
+        """A client opened a stream (a subscriber past its start-up checks, for Pub/Sub)."""
+
 
 class _Faults:
     """The fault windows now open; set from the orchestrator, read by the server threads."""
@@ -247,6 +250,8 @@ class GrpcFaultProxy:
         self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         self._wait()
+        if self._observer is not None:
+            self._observer.opened(method)
         gone = threading.Event()
         context.add_callback(gone.set)
         call = self._upstream(method, Shape.BIDI)(

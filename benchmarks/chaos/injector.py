@@ -72,8 +72,10 @@ class Injector:
         *,
         error_ratio: float,
         max_impaired: int,
+        ready: Callable[[Worker], bool] = lambda _worker: True,
     ) -> None:
         self._fleet = fleet
+        self._ready = ready
         self._max_impaired = max_impaired
         self._pubsub = [worker.pubsub_proxy for worker in fleet.workers]
         self._firestore = [worker.firestore_proxy for worker in fleet.workers]
@@ -182,11 +184,11 @@ class Injector:
         """The aimed-at worker if it can take the fault now, else the next one that can.
 
         One impairment at a time per worker: a kill, pause or partition skips
-        a worker that is partitioned already, or that was restarted or
-        resumed less than :data:`SETTLE_S` ago (it holds no job yet, or has
-        not touched the jobs it woke up with, so the fault would test
-        nothing; and a worker started inside a partition only fails its
-        start-up checks).
+        a worker that is partitioned already, that has not started pulling
+        yet, or that was restarted or resumed less than :data:`SETTLE_S` ago
+        (it holds no job yet, or has not touched the jobs it woke up with, so
+        the fault would test nothing; and a worker cut off during its
+        start-up only fails its start-up checks).
         """
         workers = self._fleet.workers
         for offset in range(len(workers)):
@@ -194,6 +196,7 @@ class Injector:
             if not worker.up or worker.paused or worker.name in self._restarting:
                 continue
             settling = now - self._settled_at.get(worker.name, -SETTLE_S) < SETTLE_S
+            settling = settling or not self._ready(worker)
             partitioned = any(name == worker.name for name, _ in self._partitioned)
             if event.fault.impairs and (settling or partitioned):
                 continue

@@ -69,6 +69,7 @@ class Ledger:
         self._message_of: dict[str, str] = {}  # ack id -> message id
         self._acked: set[str] = set()
         self._counts: Counter[str] = Counter()
+        self._opened: dict[str, float] = {}  # worker -> wall time of its last stream opened
 
     # -- Observer -------------------------------------------------------------------
 
@@ -87,6 +88,16 @@ class Ledger:
                 self._deliveries[message_id] += 1
                 self._delivered_at.setdefault(message_id, []).append((now, worker))
                 self._message_of[received.ack_id] = message_id
+
+    def opened(self, method: str, worker: str = "?") -> None:
+        if method == STREAMING_PULL:
+            with self._lock:
+                self._opened[worker] = time.time()
+
+    def pulling_since(self, worker: str, since: float) -> bool:
+        """Whether ``worker`` opened a streaming pull after ``since`` (wall time)."""
+        with self._lock:
+            return self._opened.get(worker, 0.0) > since
 
     def answered(self, method: str, request: bytes, error: grpc.Call | None) -> None:
         if method == ACKNOWLEDGE:
@@ -154,3 +165,6 @@ class _WorkerView:
 
     def answered(self, method: str, request: bytes, error: grpc.Call | None) -> None:
         self._ledger.answered(method, request, error)
+
+    def opened(self, method: str) -> None:
+        self._ledger.opened(method, self._worker)

@@ -83,7 +83,8 @@ def render(report: dict[str, Any]) -> str:
         f"{figures['plain_effects']}; {figures['plain_effects_repeated_jobs']} |",
         f"| recovery after a kill: median, max ({held} of {len(recoveries)} kills held jobs) | "
         f"{_seconds(figures['recovery_median_s'])}, {_seconds(figures['recovery_max_s'])} |",
-        f"| worker processes started | {events['worker_incarnations']} |",
+        f"| worker processes started (of which exited by themselves) | "
+        f"{events['worker_incarnations']} ({phases['unexpected_exits']}) |",
         "",
     ]
     if not report["ok"]:

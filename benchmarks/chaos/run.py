@@ -275,6 +275,7 @@ class _Run:
                 fleet,
                 error_ratio=options.error_ratio,
                 max_impaired=options.max_impaired,
+                ready=lambda worker: ledger.pulling_since(worker.name, worker.started_wall),
             )
             self._say(
                 f"chaos seed {options.seed}: {options.label}, lease {options.lease_s} s, "
