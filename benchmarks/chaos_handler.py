@@ -9,7 +9,9 @@ three steps, and every effect is counted where the checker can read it:
    job raises :class:`~pubsub_worker.PermanentError` here instead.
 2. ``record`` (``job.transactional_step``): the business write, a new
    document in ``CHAOS_SINK_COLLECTION`` with an id of its own per attempt,
-   so a second landing would show as a second document. Exactly once.
+   so a second landing would show as a second document. Exactly once. Each
+   run of the transaction's function also writes a ``record_body`` line (a
+   diagnostic: a transaction may run its function more than once).
 3. ``emit`` (``job.step`` + ``job.publish``): sleeps ``emit_ms``, then
    publishes the job's output to ``CHAOS_OUTPUT_TOPIC`` through the outbox.
    Exactly once end to end for a consumer keyed on the effect key.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import secrets
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.chaos.schedule import DEFAULT_RATES, SHORT_RATES, Fault, parse_rates
 
@@ -58,6 +60,14 @@ class Options:
     """Run the seeds of the command line at the same time (on the same emulators)."""
     live: bool = False
     """Rewrite one progress line in place (a terminal) instead of printing lines."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The options as JSON values (for the report)."""
+        data = dataclasses.asdict(self)
+        data["rates"] = {fault.value: rate for fault, rate in self.rates.items()}
+        for key in ("json_path", "log_dir"):
+            data[key] = str(data[key]) if data[key] is not None else None
+        return data
 
     @property
     def label(self) -> str:

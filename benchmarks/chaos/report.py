@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos.verify import SHOWN_JOBS
 
-__all__ = ["render", "write_json"]
+__all__ = ["progress_line", "render", "write_json"]
+
+
+def progress_line(
+    now: float,
+    *,
+    jobs: int,
+    terminal: tuple[int, int],
+    acked: int,
+    redelivered: int,
+    faults: Mapping[str, int],
+    up: int,
+    workers: int,
+) -> str:
+    """One line of progress: jobs done, acked, redelivered; faults so far; workers running."""
+    completed, failed = terminal
+    partitions = faults.get("partition-pubsub", 0) + faults.get("partition-firestore", 0)
+    return (
+        f"[{now:5.0f}s] done {completed + failed}/{jobs} (failed {failed})  acked {acked}  "
+        f"redelivered {redelivered}  |  kill {faults.get('kill', 0)} "
+        f"pause {faults.get('pause', 0)} "
+        f"cut {faults.get('cut-pubsub', 0) + faults.get('cut-firestore', 0)} "
+        f"partition {partitions} isolate {faults.get('isolate', 0)} "
+        f"ack/modack-err {faults.get('ack-errors', 0) + faults.get('modack-errors', 0)} "
+        f"slow {faults.get('slow-firestore', 0)}  |  up {up}/{workers}"
+    )
 
 
 def _seconds(value: float | None) -> str:

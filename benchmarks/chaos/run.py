@@ -9,7 +9,7 @@ Phases, each bounded in time (``Options.time_limit_s`` in all):
    :class:`~benchmarks.chaos.grpc_proxy.GrpcFaultProxy` (Pub/Sub, Firestore)
    and a :class:`~emulator.TcpProxy` link in front of each
    (:mod:`benchmarks.chaos.fleet`). The fleet starts, and the jobs are
-   published at a steady rate (see :class:`_Feeder`).
+   published at a steady rate (see :class:`Feeder`).
 2. **Faults.** From the first delivery on, the seeded schedule is carried
    out while work remains: until every job is completed or failed, or until
    ``Options.fault_time_s`` passed, or until :data:`DRAIN_RESERVE_S` before
@@ -28,10 +28,7 @@ Phases, each bounded in time (``Options.time_limit_s`` in all):
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -42,28 +39,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from google.api_core import exceptions as gexc
-
+from benchmarks.chaos import collect
 from benchmarks.chaos.downstream import KeyedConsumer
+from benchmarks.chaos.feeder import KEY_ATTRIBUTE, Feeder, job_specs
 from benchmarks.chaos.fleet import Fleet
 from benchmarks.chaos.injector import Injector
 from benchmarks.chaos.ledger import Ledger
 from benchmarks.chaos.options import Options
+from benchmarks.chaos.report import progress_line
 from benchmarks.chaos.schedule import Fault, build_schedule
 from benchmarks.chaos.verify import Evidence, verify
 
 __all__ = ["DRAIN_RESERVE_S", "PROJECT", "STOP", "SUBSCRIPTION_NOTE", "run_chaos"]
 
 PROJECT = "pubsub-worker-chaos"
-KEY_ATTRIBUTE = "job"
 DRAIN_RESERVE_S = 45.0
 """Faults stop at the latest this long before the time limit, so that the fleet can drain."""
 FIRST_ROUND_GRACE_S = 20.0
 """How long the fault phase may run over to let the first fault of a kind find room."""
 FINAL_MARGIN_S = 2.0
 PROGRESS_EVERY_S = 2.0
-MAX_HANDOVERS = 300
-"""Jobs whose handover story the JSON report tells (those run by more than one process)."""
 MAX_UNEXPECTED_EXITS = 8
 """A fleet whose workers die by themselves this often is broken: the run stops."""
 
@@ -87,20 +82,6 @@ class Output(Protocol):
 
 class RunAborted(RuntimeError):
     """The fleet cannot run (a worker keeps dying at start-up, an emulator died)."""
-
-
-def _job_specs(options: Options) -> dict[str, dict[str, Any]]:
-    """The jobs, by key: durations and poison, drawn from the seed."""
-    rng = random.Random(f"{options.seed}:jobs")
-    width = len(str(options.jobs))
-    specs: dict[str, dict[str, Any]] = {}
-    for index in range(options.jobs):
-        specs[f"job-{index:0{width}d}"] = {
-            "prepare_ms": rng.randint(*options.prepare_ms),
-            "emit_ms": rng.randint(*options.emit_ms),
-            "poison": rng.random() < options.poison_ratio,
-        }
-    return specs
 
 
 def _worker_env(
@@ -135,72 +116,6 @@ def _worker_env(
     return env
 
 
-class _Feeder:
-    """Publishes the jobs on a daemon thread, ``rate`` per second (all at once for 0).
-
-    A steady arrival is also what spreads the work over the fleet: the
-    emulator ignores the subscriber's flow control and hands a backlog out
-    in batches of 100 to whichever streams come first, which then hold what
-    they cannot run yet while the other workers idle.
-    """
-
-    def __init__(self, topic: str, specs: dict[str, dict[str, Any]], rate: float) -> None:
-        self._topic = topic
-        self._specs = specs
-        self._rate = rate
-        self._lock = threading.Lock()  # guards _published
-        self._published: dict[str, str] = {}  # message id -> job key
-        self._failure: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-feeder", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=70)
-
-    def published(self) -> dict[str, str]:
-        """Message id to job key, of every job published so far."""
-        with self._lock:
-            return dict(self._published)
-
-    def check(self) -> None:
-        """Raise what made publishing fail, if it did."""
-        if self._failure:
-            raise RunAborted(f"publishing the jobs failed: {self._failure[0]!r}")
-
-    def _run(self) -> None:
-        import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
-
-        publisher = pubsub_v1.PublisherClient()
-        futures = []
-        started = time.monotonic()
-        try:
-            for index, (key, spec) in enumerate(self._specs.items()):
-                if self._rate > 0:
-                    delay = started + index / self._rate - time.monotonic()
-                    if delay > 0 and self._stop.wait(delay):
-                        break
-                future = publisher.publish(
-                    self._topic, json.dumps(spec).encode(), **{KEY_ATTRIBUTE: key}
-                )
-                future.add_done_callback(functools.partial(self._done, key))
-                futures.append(future)
-            for future in futures:
-                future.result(timeout=60)
-        except Exception as exc:  # noqa: BLE001 - reported by check() in the main loop
-            self._failure.append(exc)
-        finally:
-            publisher.stop()
-
-    def _done(self, key: str, future: Any) -> None:
-        if future.exception() is None:
-            with self._lock:
-                self._published[future.result()] = key
-
-
 class _Run:
     """The state of one run; :meth:`execute` does it all and always cleans up."""
 
@@ -215,7 +130,7 @@ class _Run:
         self.publisher = publisher_admin(emulators.pubsub_host)
         self.subscriber = subscriber_admin(emulators.pubsub_host)
         self.firestore = firestore.Client(project=emulators.project)
-        self.specs = _job_specs(options)
+        self.specs = job_specs(options)
         self.published: dict[str, str] = {}  # message id -> job key
         self.started = time.monotonic()
         self.started_wall = time.time()
@@ -283,14 +198,16 @@ class _Run:
                 f"{', UNFENCED (must fail)' if options.unfenced else ''}; subscription "
                 f"{jobs.subscription_path} (exactly-once, {SUBSCRIPTION_NOTE})"
             )
-            feeder = _Feeder(jobs.topic_path, self.specs, self.options.publish_rate)
+            feeder = Feeder(jobs.topic_path, self.specs, self.options.publish_rate)
             stack.callback(feeder.stop)
             fleet.start()
             feeder.start()
             phases = self._loop(fleet, injector, ledger, feeder, names["collection"])
             self.published = feeder.published()
             fleet.stop()
-            left = self._left_unacked(jobs.subscription_path)
+            left = collect.left_unacked(
+                self.subscriber, jobs.subscription_path, wait_s=options.lease_s + FINAL_MARGIN_S
+            )
             out_consumer.drain()
             fail_consumer.drain()
             return self._report(
@@ -299,7 +216,7 @@ class _Run:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _loop(
-        self, fleet: Fleet, injector: Injector, ledger: Ledger, feeder: _Feeder, collection: str
+        self, fleet: Fleet, injector: Injector, ledger: Ledger, feeder: Feeder, collection: str
     ) -> dict[str, Any]:
         options = self.options
         events = deque(
@@ -317,7 +234,8 @@ class _Run:
         drained: float | None = None
         while True:
             now = self._now()
-            feeder.check()
+            if feeder.failure is not None:
+                raise RunAborted(f"publishing the jobs failed: {feeder.failure!r}")
             if STOP.is_set():
                 raise RunAborted("stopped")
             self._restart_exited(fleet)
@@ -328,7 +246,7 @@ class _Run:
                 while events and events[0].at_s <= now - faults_from:
                     injector.apply(events.popleft(), now)
             if now >= self.progress_at:
-                self.terminal = self._terminal(collection)
+                self.terminal = collect.terminal_counts(self.firestore, collection) or self.terminal
                 self.published = feeder.published()
                 self._progress(now, ledger, injector, fleet)
                 self.progress_at = now + PROGRESS_EVERY_S
@@ -381,57 +299,7 @@ class _Run:
                 raise RunAborted(f"workers exited by themselves {self.unexpected_exits} times")
             worker.start()
 
-    def _left_unacked(self, subscription: str) -> list[str]:
-        """Job keys of the messages on the subscription once no worker is left."""
-        # A dead worker's stream stays registered at the emulator and can swallow a
-        # redelivery; turning the subscription into a push one for an instant ends them all.
-        push = {"push_endpoint": "http://127.0.0.1:9/stale-stream-reaper"}
-        for config in (push, {}):
-            self.subscriber.modify_push_config(
-                request={"subscription": subscription, "push_config": config}, timeout=10
-            )
-            time.sleep(0.2)
-        left: list[str] = []
-        deadline = time.monotonic() + self.options.lease_s + FINAL_MARGIN_S
-        while time.monotonic() < deadline:
-            try:
-                response = self.subscriber.pull(
-                    request={
-                        "subscription": subscription,
-                        "max_messages": 500,
-                        "return_immediately": True,
-                    },
-                    timeout=10,
-                )
-            except gexc.DeadlineExceeded:
-                continue
-            received = list(response.received_messages)
-            if received:
-                left.extend(m.message.attributes.get(KEY_ATTRIBUTE, "?") for m in received)
-                self.subscriber.acknowledge(
-                    request={"subscription": subscription, "ack_ids": [m.ack_id for m in received]}
-                )
-            else:
-                time.sleep(0.25)
-        return left
-
     # -- reading back -----------------------------------------------------------------
-
-    def _terminal(self, collection: str) -> tuple[int, int]:
-        """Jobs completed, jobs failed, by count queries on the job documents."""
-        from google.cloud.firestore_v1.base_query import FieldFilter  # noqa: PLC0415
-
-        counts = []
-        for status in ("completed", "failed"):
-            query: Any = self.firestore.collection(collection).where(
-                filter=FieldFilter("status", "==", status)
-            )
-            try:
-                result = query.count().get(timeout=10)
-                counts.append(int(result[0][0].value))
-            except (gexc.GoogleAPICallError, gexc.RetryError):
-                return self.terminal
-        return counts[0], counts[1]
 
     def _report(
         self,
@@ -445,16 +313,9 @@ class _Run:
         left: list[str],
         logs: Path,
     ) -> dict[str, Any]:
-        docs: dict[str, dict[str, Any]] = {}
-        for snap in self.firestore.collection(names["collection"]).stream():
-            fields = snap.to_dict() or {}
-            if "key" in fields and fields.get("subscription") == names["subscription"]:
-                docs[str(fields["key"])] = fields
-        writes: Counter[str] = Counter(
-            str((snap.to_dict() or {}).get("job"))
-            for snap in self.firestore.collection(names["sink"]).stream()
-        )
-        effects = _read_lines(logs / "effects.jsonl")
+        docs = collect.job_documents(self.firestore, names["collection"], names["subscription"])
+        writes = collect.business_writes(self.firestore, names["sink"])
+        effects = collect.effect_lines(logs / "effects.jsonl")
         begins = [
             (str(e["job"]), int(e["pid"]), float(e["t"])) for e in effects if e["effect"] == "begin"
         ]
@@ -487,12 +348,17 @@ class _Run:
                 for job in recovery["jobs"]
             }
         deliveries = ledger.deliveries()
-        workers = _worker_counters(fleet)
-        handovers = self._handovers(begins, message_of, ledger, fleet.names())
+        workers = collect.worker_counters(fleet)
+        handovers = collect.handovers(
+            begins, message_of, ledger, fleet.names(), since=self.started_wall
+        )
         events = {
             **{fault.value: injector.counts.get(fault.value, 0) for fault in Fault},
             "skipped": dict(injector.skipped),
-            "errors_injected": pubsub_injected(injector),
+            "errors_injected": {
+                method.rsplit("/", 1)[-1]: count
+                for method, count in injector.pubsub_injected().items()
+            },
             "deliveries": sum(deliveries.values()),
             "redeliveries": sum(n - 1 for n in deliveries.values() if n > 1),
             "redelivered_messages": sum(1 for n in deliveries.values() if n > 1),
@@ -509,13 +375,13 @@ class _Run:
             "acks_lost": int(workers["metrics"].get("acks_lost", 0)),
             "worker_incarnations": sum(w.incarnation for w in fleet.workers),
             "unkeyed_outputs": unkeyed,
-            "log_levels": _log_levels(fleet),
+            "log_levels": collect.log_levels(fleet),
         }
         return {
             "seed": self.options.seed,
             "command": self.options.command,
             "ok": all(check.ok for check in checks),
-            "options": _options_json(self.options),
+            "options": self.options.as_json(),
             "subscription": {
                 "path": names["subscription"],
                 "exactly_once": True,
@@ -533,38 +399,6 @@ class _Run:
             "logs": str(logs) if self.options.log_dir else None,
         }
 
-    def _handovers(
-        self,
-        begins: list[tuple[str, int, float]],
-        message_of: dict[str, str],
-        ledger: Ledger,
-        names: dict[int, str],
-    ) -> dict[str, dict[str, list[str]]]:
-        """For jobs run by more than one process: when each got it, and when each began it.
-
-        Times in seconds since the start of the run. The story of a recovery:
-        a delivery to a worker that did not begin the job points at a stalled
-        or cut-off receiver.
-        """
-        pids: dict[str, set[int]] = {}
-        for job, pid, _ in begins:
-            pids.setdefault(job, set()).add(pid)
-        moved = sorted(job for job, owners in pids.items() if len(owners) > 1)
-        out: dict[str, dict[str, list[str]]] = {}
-        for job in moved[:MAX_HANDOVERS]:
-            out[job] = {
-                "delivered": [
-                    f"{t - self.started_wall:.1f} {worker}"
-                    for t, worker in ledger.delivered_at(message_of.get(job, ""))
-                ],
-                "begun": [
-                    f"{t - self.started_wall:.1f} {names.get(pid, pid)}"
-                    for j, pid, t in begins
-                    if j == job
-                ],
-            }
-        return out
-
     # -- output -----------------------------------------------------------------------
 
     def _now(self) -> float:
@@ -576,74 +410,20 @@ class _Run:
     def _progress(
         self, now: float, ledger: Ledger, injector: Injector, fleet: Fleet, *, final: bool = False
     ) -> None:
-        completed, failed = self.terminal
-        deliveries = ledger.deliveries()
-        counts = injector.counts
-        up = sum(1 for w in fleet.workers if w.up and not w.paused)
-        line = (
-            f"[{now:5.0f}s] done {completed + failed}/{self.options.jobs} "
-            f"(failed {failed})  acked {len(ledger.acked() & set(self.published))}  "
-            f"redelivered {sum(1 for n in deliveries.values() if n > 1)}  |  "
-            f"kill {counts['kill']} pause {counts['pause']} "
-            f"cut {counts['cut-pubsub'] + counts['cut-firestore']} "
-            f"partition {sum(counts[k] for k in ('partition-pubsub', 'partition-firestore'))} "
-            f"isolate {counts['isolate']} "
-            f"ack/modack-err {counts['ack-errors'] + counts['modack-errors']} "
-            f"slow {counts['slow-firestore']}  |  up {up}/{len(fleet.workers)}"
+        line = progress_line(
+            now,
+            jobs=self.options.jobs,
+            terminal=self.terminal,
+            acked=len(ledger.acked() & set(self.published)),
+            redelivered=sum(1 for n in ledger.deliveries().values() if n > 1),
+            faults=injector.counts,
+            up=sum(1 for w in fleet.workers if w.up and not w.paused),
+            workers=len(fleet.workers),
         )
         if self.options.live and not final:
             print("\r" + line.ljust(150)[:150], end="", file=self.out, flush=True)
         elif final or int(now) % 10 < PROGRESS_EVERY_S:
             print(line, file=self.out, flush=True)
-
-
-def pubsub_injected(injector: Injector) -> dict[str, int]:
-    """Errors the Pub/Sub proxy injected, by short method name."""
-    return {
-        method.rsplit("/", 1)[-1]: count for method, count in injector.pubsub_injected().items()
-    }
-
-
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def _worker_counters(fleet: Fleet) -> dict[str, dict[str, float]]:
-    """The library's metrics and the store's counts, summed over every incarnation."""
-    metrics: Counter[str] = Counter()
-    store: Counter[str] = Counter()
-    for path in fleet.stats_paths():
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(path.read_text())
-            metrics.update({k: v for k, v in data.get("metrics", {}).items() if "_age" not in k})
-            store.update(data.get("store", {}))
-    return {"metrics": dict(metrics), "store": dict(store)}
-
-
-def _log_levels(fleet: Fleet) -> dict[str, int]:
-    """Worker log lines by level; ``unstructured`` counts lines that are not JSON (tracebacks)."""
-    levels: Counter[str] = Counter()
-    for path in fleet.log_paths():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                levels[str(json.loads(line).get("level", "?"))] += 1
-            except (ValueError, AttributeError):
-                levels["unstructured"] += 1
-    return dict(levels)
-
-
-def _options_json(options: Options) -> dict[str, Any]:
-    data = asdict(options)
-    data["rates"] = {fault.value: rate for fault, rate in options.rates.items()}
-    for key in ("json_path", "log_dir"):
-        data[key] = str(data[key]) if data[key] is not None else None
-    return data
 
 
 def run_chaos(
