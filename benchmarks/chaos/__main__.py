@@ -108,10 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EmulatorError as exc:
         print(f"chaos: the emulators cannot start: {exc}", file=sys.stderr)
         return 2
-    with emulators:
-        emulators.export_env()  # the orchestrator's own clients talk to them directly
-        print(f"chaos: emulators ready in {emulators.startup_s:.1f} s", file=sys.stderr)
-        reports = _run_all(runs, emulators, runs[0].parallel)
+    try:
+        with emulators:
+            emulators.export_env()  # the orchestrator's own clients talk to them directly
+            print(f"chaos: emulators ready in {emulators.startup_s:.1f} s", file=sys.stderr)
+            reports = _run_all(runs, emulators, runs[0].parallel)
+    except KeyboardInterrupt as exc:
+        # Every run's clean-up has run by now: workers, proxies, emulators are gone.
+        print(f"\nchaos: interrupted ({exc or 'SIGINT'}); every process stopped", file=sys.stderr)
+        return 130
     json_path = runs[0].json_path
     if json_path is not None:
         write_json(json_path, reports)
