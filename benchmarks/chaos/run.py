@@ -12,11 +12,11 @@ Phases, each bounded in time (``Options.time_limit_s`` in all):
    published at a steady rate (see :class:`Feeder`).
 2. **Faults.** From the first delivery on, the seeded schedule is carried
    out while work remains: until every job is completed or failed, or until
-   ``Options.fault_time_s`` passed, or until :data:`DRAIN_RESERVE_S` before
-   the time limit. A fault still in effect then runs its course (paused
-   workers are resumed, links healed, killed workers restarted, error and
-   latency windows closed when they are due), or is undone at once if the
-   work is done or the time limit is reached.
+   ``Options.fault_time_s`` passed, or until :data:`DRAIN_RESERVE_S` (at
+   most a third of the run) before the time limit. A fault still in effect
+   then runs its course (paused workers are resumed, links healed, killed
+   workers restarted, error and latency windows closed when they are due),
+   or is undone at once if the work is done or the time limit is reached.
 3. **Drain.** The fleet runs on until every job message has an accepted
    ack (seen at the proxy) or time is up; then it gets SIGTERM.
 4. **Counting.** With no worker left, the emulator's stale streams are ended
@@ -228,7 +228,9 @@ class _Run:
                 lease_s=options.lease_s,
             )
         )
-        fault_until = options.time_limit_s - DRAIN_RESERVE_S
+        # Faults stop in time for the fleet to drain: a reserve of at most a third of the run.
+        hard_stop = options.time_limit_s - min(DRAIN_RESERVE_S, options.time_limit_s / 3)
+        fault_until = hard_stop
         faults_from: float | None = None  # run time of the first delivery
         faults_over: float | None = None
         drained: float | None = None
@@ -254,7 +256,7 @@ class _Run:
             if faults_from is not None and options.fault_time_s is not None:
                 fault_until = min(fault_until, faults_from + options.fault_time_s)
             over_time = (
-                now >= options.time_limit_s - DRAIN_RESERVE_S
+                now >= hard_stop
                 or now >= fault_until + FIRST_ROUND_GRACE_S
                 or (now >= fault_until and not injector.first_round_waiting)
             )
