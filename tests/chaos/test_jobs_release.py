@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from emulator import SubscriptionHandle
-from tests.chaos.conftest import LEASE_S
 from tests.support.gate import Gate
 from tests.support.observe import (
     acks,
@@ -32,6 +31,9 @@ from tests.support.observe import (
 from tests.support.processes import ROOT, Effects
 
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos]
+
+RELEASE_LEASE_S = 30
+"""The frozen owner's lease: longer than the commands that release its job can take."""
 
 
 def pubsub_worker_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -57,7 +59,15 @@ def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
     workers: Any,
 ) -> None:
     sub_path = eod_subscription.subscription_path
-    owner = workers({**worker_env, "CHAOS_GATES": "step:b"}, "owner")
+    # A lease long enough for the two commands to run while the owner is frozen: a pause
+    # past the lease would let its lease keeper give the delivery up first, on waking,
+    # and the commit this test is about would never be tried.
+    env_owner = {
+        **worker_env,
+        "CHAOS_GATES": "step:b",
+        "PUBSUB_WORKER_LEASE_SECONDS": str(RELEASE_LEASE_S),
+    }
+    owner = workers(env_owner, "owner")
     message_id = publisher.publish(eod_subscription.topic_path, b"payload", op="op-1").result()
     gate = Gate(effects.path, "step:b")
     assert gate.wait_arrived() == owner.pid  # step a is recorded; b has started
@@ -83,7 +93,7 @@ def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
     owner.wait_for_log("lost ownership: the job was claimed at epoch 2 (ours: 1)")
     wait_until_let_go(owner, message_id)
     # Its delivery was let go: the redelivery (after the lease) takes the job at epoch 3.
-    owner.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=3 * LEASE_S + 30)
+    owner.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=3 * RELEASE_LEASE_S + 30)
     owner.kill()
 
     assert runs(effects, "a") == [(owner.pid, 1)]
@@ -95,4 +105,4 @@ def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
     doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")
     assert (doc["status"], doc["epoch"], doc["attempts"]) == ("completed", 3, 2)
     assert step_epochs(doc) == {"a": 1, "b": 3, "c": 3}
-    assert_not_redelivered(subscriber, sub_path, lease_s=LEASE_S)
+    assert_not_redelivered(subscriber, sub_path, lease_s=RELEASE_LEASE_S)
