@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from .aio import AsyncJob
 from .errors import (
     AlreadyExists,
     ConfigError,
@@ -43,6 +44,7 @@ from .wrapper import ExactlyOnce, exactly_once
 
 __all__ = [
     "AlreadyExists",
+    "AsyncJob",
     "BatchingFirestoreJobStore",
     "ConfigError",
     "Counter",

@@ -7,6 +7,7 @@ def test_all_is_sorted_and_pinned() -> None:
     assert pubsub_worker.__all__ == sorted(pubsub_worker.__all__)
     assert pubsub_worker.__all__ == [
         "AlreadyExists",
+        "AsyncJob",
         "BatchingFirestoreJobStore",
         "ConfigError",
         "Counter",
