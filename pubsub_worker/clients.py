@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -11,6 +12,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 import grpc
 from google.api_core import exceptions as gexc
 from google.api_core import retry
+from google.auth import exceptions as auth_exceptions
 from google.cloud import firestore
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
@@ -50,6 +52,23 @@ _CHECK_RETRY = retry.Retry(
 )
 
 
+NO_CREDENTIALS = (
+    "no Google Cloud credentials for {what}: set up Application Default Credentials "
+    "(`gcloud auth application-default login`, or the service account of the Cloud Run "
+    "service or GKE workload), or point {host} at an emulator ({error})"
+)
+
+
+@contextlib.contextmanager
+def _credentials(what: str, host: str) -> Iterator[None]:
+    """Turn the client's missing-credentials error into a ``ConfigError`` saying what to do."""
+    try:
+        yield
+    except auth_exceptions.DefaultCredentialsError as exc:
+        first = str(exc).split(". ")[0].rstrip(".")
+        raise ConfigError(NO_CREDENTIALS.format(what=what, host=host, error=first)) from None
+
+
 def _emulator(settings: Settings | None, name: str) -> str | None:
     value = getattr(settings, name, None) if settings is not None else None
     return value or os.environ.get(name.upper()) or None
@@ -67,13 +86,15 @@ def subscriber_client(settings: Settings | None = None) -> pubsub_v1.SubscriberC
         merged.update(CHANNEL_OPTIONS)
         return SubscriberGrpcTransport.create_channel(*args, options=list(merged.items()), **kwargs)
 
-    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=make_channel))
+    with _credentials("Pub/Sub", "PUBSUB_EMULATOR_HOST"):
+        return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=make_channel))
 
 
 def publisher_client(settings: Settings | None = None) -> pubsub_v1.PublisherClient:
     """A publisher (the emulator is picked up from ``PUBSUB_EMULATOR_HOST``)."""
     del settings
-    return pubsub_v1.PublisherClient()
+    with _credentials("Pub/Sub", "PUBSUB_EMULATOR_HOST"):
+        return pubsub_v1.PublisherClient()
 
 
 def publisher_function(
@@ -103,7 +124,8 @@ def publisher_function(
 
 def firestore_client(settings: Settings) -> firestore.Client:
     """A Firestore client for the project (the emulator via ``FIRESTORE_EMULATOR_HOST``)."""
-    return firestore.Client(project=settings.project_id)
+    with _credentials("Firestore", "FIRESTORE_EMULATOR_HOST"):
+        return firestore.Client(project=settings.project_id)
 
 
 def check_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Settings) -> bool:
