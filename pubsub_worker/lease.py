@@ -23,7 +23,8 @@ A renewal answered ``INVALID_ACK_ID`` or ``FAILED_PRECONDITION`` marks the
 delivery lost. The client's own lease management (flow control's
 ``max_lease_duration``, set by :func:`pubsub_worker.flow_control` to the cap
 plus a lease) holds the flow-control slot of a message until it is settled,
-so no more than ``MAX_MESSAGES`` callbacks run or queue at once.
+so no more than ``MAX_MESSAGES + PREFETCH_MESSAGES`` callbacks run or queue
+at once (:func:`pubsub_worker.run`).
 
 The Firestore lease is renewed by the job's own writes
 (:mod:`pubsub_worker.fencing`), never by this thread.

@@ -36,18 +36,21 @@ _AFTER_GRACE_S = 10.0
 
 
 def flow_control(settings: Settings) -> pubsub_v1.types.FlowControl:
-    """Flow control for a worker: ``MAX_MESSAGES`` in flight, each extension one lease.
+    """Flow control for a worker: ``MAX_MESSAGES`` + ``PREFETCH_MESSAGES`` in hand.
 
-    The client holds a message's flow-control slot until the wrapper settles
-    it, up to the processing cap plus a lease (``max_lease_duration``), so
-    no more than ``MAX_MESSAGES`` callbacks run or wait for a thread at
-    once, and a message waiting for its turn keeps its lease. Progress is
+    The client holds a message's flow-control slot until its ack is answered
+    (or it is nacked or dropped), up to the processing cap plus a lease
+    (``max_lease_duration``). ``MAX_MESSAGES`` threads run jobs; the
+    prefetched messages wait for a thread, leased, or are finished jobs whose
+    ack is in flight: without them a thread would wait for a slot that an
+    answered-soon ack holds (at most ``MAX_MESSAGES`` prefetched, so that a
+    message waits for one job at most; its cap runs meanwhile). Progress is
     enforced by the wrapper's lease keeper: a running job that shows none for
     a lease is given up (dropped from the client's lease management) and
     Pub/Sub redelivers it; a job past the cap is abandoned.
     """
     return pubsub_v1.types.FlowControl(
-        max_messages=settings.max_messages,
+        max_messages=settings.admitted_messages,
         max_lease_duration=settings.max_processing_seconds + settings.lease_seconds,
         min_duration_per_lease_extension=settings.lease_seconds,
         max_duration_per_lease_extension=settings.lease_seconds,
@@ -146,11 +149,12 @@ def _consume(
         endpoint.metrics = wrapped.metrics
         endpoint.health.running(cast("Future[Any]", streaming))
     _LOGGER.info(
-        "consuming %s (lease %d s, cap %d s, %d in flight)",
+        "consuming %s (lease %d s, cap %d s, %d at once, %d admitted)",
         settings.subscription_path,
         settings.lease_seconds,
         settings.max_processing_seconds,
         settings.max_messages,
+        settings.admitted_messages,
     )
     try:
         while not stop.wait(0.5):

@@ -46,6 +46,7 @@ _ACCEPTS: dict[str, str] = {
     "failure_topic": "projects/PROJECT/topics/ID, or a topic ID with GOOGLE_CLOUD_PROJECT set",
     "allow_at_least_once": "true or false",
     "max_messages": "a whole number from 1 to 1000",
+    "prefetch_messages": "a whole number from 0 to 1000, at most MAX_MESSAGES",
     "ack_timeout_seconds": "seconds from 1 to 600",
     "shutdown_grace_seconds": "seconds from 0 to 3600",
     "retention_days": "whole days from 1 to 3650",
@@ -108,7 +109,15 @@ class Settings(BaseSettings):
     allow_at_least_once: bool = False
     """Accept a subscription without exactly-once delivery (acks then prove nothing)."""
     max_messages: int = Field(default=10, ge=1, le=1000)
-    """Messages in flight at once in :func:`pubsub_worker.run` (flow control and threads)."""
+    """Jobs run at once in :func:`pubsub_worker.run` (its callback threads)."""
+    prefetch_messages: int | None = Field(default=None, ge=0, le=1000)
+    """Messages :func:`pubsub_worker.run` admits beyond ``MAX_MESSAGES``; unset: as many.
+
+    They wait for a thread (leased, their processing cap running), or hold the
+    flow-control slot of a finished job whose ack is not answered yet, so a
+    thread never waits for an ack. ``0``: one message per thread, for jobs that
+    take more than half the cap (a message may wait one job's time for a thread).
+    """
     ack_timeout_seconds: float = Field(default=60.0, ge=1, le=600)
     """Upper bound on waiting for a publish (outbox, failure path, replay)."""
     shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
@@ -208,6 +217,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_processing_seconds: must be at least LEASE_SECONDS ({self.lease_seconds})"
             )
+        if self.prefetch_messages is not None and self.prefetch_messages > self.max_messages:
+            raise ValueError(
+                f"prefetch_messages: must be at most MAX_MESSAGES ({self.max_messages}), so "
+                "that a message waits for one job at most"
+            )
         for name in ("subscription", "failure_topic"):
             value = getattr(self, name)
             if value is not None:
@@ -216,6 +230,12 @@ class Settings(BaseSettings):
         return self
 
     # -- derived values -----------------------------------------------------------
+
+    @property
+    def admitted_messages(self) -> int:
+        """Messages :func:`pubsub_worker.run`'s flow control lets in: running plus prefetched."""
+        prefetch = self.max_messages if self.prefetch_messages is None else self.prefetch_messages
+        return self.max_messages + prefetch
 
     @property
     def project_id(self) -> str:

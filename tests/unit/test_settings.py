@@ -2,7 +2,7 @@
 
 import pytest
 
-from pubsub_worker import ConfigError, Settings
+from pubsub_worker import ConfigError, Settings, flow_control
 
 _VARS = [
     "GOOGLE_CLOUD_PROJECT",
@@ -63,6 +63,8 @@ def test_an_id_is_resolved_with_the_project(monkeypatch: pytest.MonkeyPatch) -> 
         ("PUBSUB_WORKER_SUBSCRIPTION", "a/b", "subscriptions"),
         ("FIRESTORE_EMULATOR_HOST", "localhost", "HOST:PORT"),
         ("PUBSUB_WORKER_LOG_FORMAT", "xml", "text or json"),
+        ("PUBSUB_WORKER_PREFETCH_MESSAGES", "-1", "from 0 to 1000"),
+        ("PUBSUB_WORKER_PREFETCH_MESSAGES", "11", "at most MAX_MESSAGES (10)"),
     ],
 )
 def test_bad_values_name_the_variable_and_the_range(
@@ -103,3 +105,17 @@ def test_settings_are_frozen() -> None:
     settings = Settings(project="demo-project")
     with pytest.raises(Exception, match="frozen"):
         settings.lease_seconds = 20
+
+
+def test_run_admits_a_prefetched_message_per_thread_unless_told_otherwise() -> None:
+    settings = Settings(project="demo-project", lease_seconds=30, max_processing_seconds=300)
+    control = flow_control(settings)
+    assert settings.max_messages == 10  # threads
+    assert control.max_messages == settings.admitted_messages == 20
+    assert control.max_lease_duration == 300 + 30  # the cap from receipt, plus a lease
+    assert control.min_duration_per_lease_extension == 30
+    assert control.max_duration_per_lease_extension == 30
+    few = Settings(project="demo-project", max_messages=4, prefetch_messages=1)
+    assert flow_control(few).max_messages == 5
+    none = Settings(project="demo-project", max_messages=4, prefetch_messages=0)
+    assert flow_control(none).max_messages == 4
