@@ -3,10 +3,13 @@
 Under load a worker has many jobs in flight, each waiting on its own claim
 (``create``) or commit (``update``). :class:`BatchingFirestoreJobStore`
 queues those writes and sends them together in one ``BatchWrite`` RPC
-(group commit): a flusher thread takes whatever is queued, at most
-``max_batch`` writes, and sends it; writes that arrive meanwhile go in the
-next batch. At low load a batch holds one write and nothing waits for a
-timer (``linger_s`` can hold a batch open longer: fewer RPCs, more latency).
+(group commit), at most ``max_in_flight`` batches at a time. A write that
+finds a batch slot free is sent at once by the thread that brings it, with
+whatever else is queued (at most ``max_batch`` writes); writes that arrive
+while every slot is busy wait for a flusher thread, which sends them in one
+batch as soon as a slot frees. At low load a batch holds one write and
+nothing waits for a timer or another thread (``linger_s`` holds each batch
+open longer, on a flusher: fewer RPCs, more latency).
 
 The semantics are those of :class:`~pubsub_worker.stores.firestore.FirestoreJobStore`,
 write by write. ``BatchWrite`` is not atomic: each write carries its own
@@ -86,8 +89,10 @@ class _Write:
 class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
-    ``max_in_flight`` flusher threads (started on first use) each send one
-    batch at a time; ``rpc_timeout_s`` bounds each RPC. :meth:`submit`
+    At most ``max_in_flight`` batches are in flight: a write that finds a
+    slot free is sent by its own thread; the others by up to
+    ``max_in_flight`` flusher threads (started when a write has to wait,
+    ended when idle); ``rpc_timeout_s`` bounds each RPC. :meth:`submit`
     blocks until its write's outcome is known and returns the new update
     time, or raises the write's own error as a
     :class:`google.api_core.exceptions.GoogleAPICallError`.
@@ -118,6 +123,7 @@ class WriteBatcher:
         self._cond = threading.Condition()  # guards everything below
         self._queue: deque[_Write] = deque()
         self._busy_docs: set[str] = set()
+        self._sending = 0  # batches in flight, at most max_in_flight
         self._threads: list[threading.Thread] = []
         self._started = 0
         self._closed = False
@@ -136,12 +142,18 @@ class WriteBatcher:
         ``ServiceUnavailable`` raised (it was never sent).
         """
         write = _Write(write_pb.update.name, write_pb)
+        batch: list[_Write] = []
         with self._cond:
             if self._closed:
                 raise StoreError("the job store is closed")
-            self._start_flushers()
             self._queue.append(write)
-            self._cond.notify()
+            if self._linger_s == 0 and self._ready():
+                batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
+            if self._queue:
+                self._start_flushers()
+                self._cond.notify()
+        if batch:
+            self._run(batch)
         if not write.done.wait(self._rpc_timeout_s + 5.0):
             with self._cond:
                 if not write.sent:
@@ -177,22 +189,29 @@ class WriteBatcher:
             self._threads.append(thread)
             thread.start()
 
+    def _run(self, batch: list[_Write]) -> None:
+        """Send a popped batch, settle every write in it, free its slot."""
+        try:
+            self._send(batch)
+        except BaseException as exc:  # never leave a caller waiting
+            for write in batch:
+                if not write.done.is_set():
+                    write.settle(None, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self._cond:
+                self._busy_docs.difference_update(w.doc_path for w in batch)
+                self._sending -= 1
+                if self._queue:
+                    if not self._closed:
+                        self._start_flushers()
+                    self._cond.notify()
+
     def _flush_forever(self) -> None:
         try:
             while (batch := self._take()) is not None:
-                try:
-                    self._send(batch)
-                except BaseException as exc:  # never leave a caller waiting
-                    for write in batch:
-                        if not write.done.is_set():
-                            write.settle(None, exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                finally:
-                    with self._cond:
-                        self._busy_docs.difference_update(w.doc_path for w in batch)
-                        if self._queue:
-                            self._cond.notify()
+                self._run(batch)
         finally:
             with self._cond:
                 me = threading.current_thread()
@@ -243,12 +262,17 @@ class WriteBatcher:
         kept.extend(self._queue)
         self._queue = kept
         self._busy_docs.update(docs)
+        if batch:
+            self._sending += 1
         if self._queue and len(self._threads) > 1:
             self._cond.notify()  # another flusher can take the rest
         return batch
 
     def _ready(self) -> bool:
-        return any(w.doc_path not in self._busy_docs for w in self._queue)
+        """A batch slot is free and some queued write's document is not in flight."""
+        return self._sending < self._max_in_flight and any(
+            w.doc_path not in self._busy_docs for w in self._queue
+        )
 
     def _send(self, batch: list[_Write]) -> None:
         self.batches += 1

@@ -225,15 +225,42 @@ def test_an_idle_flusher_ends_and_the_next_write_starts_another(
     firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.2)
-    store = BatchingFirestoreJobStore(firestore_client, firestore_collection)
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
     try:
-        store.create("one", {"epoch": 1})
+        # One slot: writes that arrive while a batch is in flight wait for a flusher.
+        _together([partial(store.create, f"one-{i}", {"epoch": 1}) for i in range(8)])
+        assert store.batcher.batches < 8
         deadline = time.monotonic() + 5
         while store.batcher._threads and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not store.batcher._threads
         store.create("two", {"epoch": 1})
         assert store.get("two") is not None
+    finally:
+        store.close()
+
+
+def test_a_write_that_finds_a_slot_free_is_sent_by_its_own_thread(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """No hand-off to a flusher thread and back when nothing else is in flight."""
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection)
+    senders: list[str] = []
+    send = store.batcher._send
+
+    def recorded(batch: list[Any]) -> None:
+        senders.append(threading.current_thread().name)
+        send(batch)
+
+    store.batcher._send = recorded  # type: ignore[method-assign]
+    try:
+        version = store.create("one", {"epoch": 1})
+        store.update("one", {("epoch",): 2}, expected=version)
+        assert senders == [threading.current_thread().name] * 2
+        assert not store.batcher._threads  # no flusher was needed
+        snap = store.get("one")
+        assert snap is not None
+        assert snap.fields["epoch"] == 2
     finally:
         store.close()
 
