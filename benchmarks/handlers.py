@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +11,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 from benchmarks.scenarios import Scenario
-from pubsub_worker import ExactlyOnce, Hooks, Job, Settings
+from pubsub_worker import AsyncJob, ExactlyOnce, Hooks, Job, Settings
 from pubsub_worker.store import JobStore
 from pubsub_worker.stores import FirestoreJobStore
 
@@ -21,14 +23,39 @@ Note = Callable[[Message], None]
 """Called with each message a handler sees (``run()`` gives no other place to see it)."""
 
 
-def _handler(steps: int, note: Note | None) -> Any:
+def _handler(steps: int, note: Note | None, io_s: float) -> Any:
     names = STEP_NAMES[:steps]
 
     def handle(message: Message, job: Job) -> None:
         if note is not None:
             note(message)
         for name in names:
-            job.step(name, lambda: len(message.data))
+
+            def work() -> int:
+                if io_s:
+                    time.sleep(io_s)  # a call to another service
+                return len(message.data)
+
+            job.step(name, work)
+
+    return handle
+
+
+def _async_handler(steps: int, note: Note | None, io_s: float) -> Any:
+    """The same work as :func:`_handler`, as an ``async def`` awaiting its steps."""
+    names = STEP_NAMES[:steps]
+
+    async def handle(message: Message, job: AsyncJob) -> None:
+        if note is not None:
+            note(message)
+        for name in names:
+
+            async def work() -> int:
+                if io_s:
+                    await asyncio.sleep(io_s)  # a call to another service
+                return len(message.data)
+
+            await job.step(name, work)
 
     return handle
 
@@ -65,7 +92,13 @@ def build_wrapped(
     particular ``MAX_MESSAGES`` stays 10, which only ``run()`` reads.
     """
     settings = Settings(subscription=subscription, project=project, collection=collection)
-    handler = _legacy if scenario.kind == "legacy" else _handler(scenario.steps, note)
+    io_s = scenario.step_io_ms / 1000
+    if scenario.kind == "legacy":
+        handler: Any = _legacy
+    elif scenario.asynchronous:
+        handler = _async_handler(scenario.steps, note, io_s)
+    else:
+        handler = _handler(scenario.steps, note, io_s)
     wrapped = ExactlyOnce(
         handler,
         settings=settings,

@@ -155,6 +155,15 @@ def summarize(
                 ),
             },
             "cpu_ratio_vs_baseline": _median(paired(runs, name, base, consumer_cpu_ms)),
+            "versus": scenario.versus,
+            "ratio_vs_versus": _spread(
+                paired(runs, name, scenario.versus, lambda r: backlog(r)["msgs_per_s"])
+                if scenario.versus
+                else []
+            ),
+            "cpu_ratio_vs_versus": _median(
+                paired(runs, name, scenario.versus, consumer_cpu_ms) if scenario.versus else []
+            ),
             "machine_busy": _median(_values(good, lambda r: backlog(r)["machine_busy"])),
             "other_load_cores": _median(_values(good, lambda r: backlog(r)["other_load_cores"])),
             "peak_rss_mb": _median(_values(good, lambda r: max(r["peak_rss_mb"]))),
@@ -297,6 +306,29 @@ def _time_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _versus_table(report: dict[str, Any]) -> list[str]:
+    """Scenarios compared with a second one (an async handler with its sync twin)."""
+    summary: dict[str, dict[str, Any]] = report["summary"]
+    labels: dict[str, str] = report["scenarios"]
+    rows = [(name, row) for name, row in summary.items() if row.get("versus") in summary]
+    if not rows:
+        return []
+    lines = [
+        "| scenario | msg/s | compared with | its msg/s | ratio | consumer CPU ms/msg | "
+        "CPU ratio | peak RSS MB |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in rows:
+        other = summary[row["versus"]]
+        lines.append(
+            f"| {labels[name]} | {_range(row['msgs_per_s'])} | {labels[row['versus']]} "
+            f"| {_range(other['msgs_per_s'])} | {_range(row['ratio_vs_versus'], pct=True)} "
+            f"| {_num(row['cpu_ms_per_msg']['consumer'], 2)} "
+            f"| {_num(row['cpu_ratio_vs_versus'], 2)}x | {_num(row['peak_rss_mb'])} |"
+        )
+    return lines
+
+
 def _targets_table(report: dict[str, Any]) -> list[str]:
     lines = [
         "| target | measured | met |",
@@ -317,6 +349,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "### Throughput, CPU and RPCs", "", *_main_table(report)]
     if report.get("plot"):
         lines += ["", f"![throughput vs steps, processes and flow control]({report['plot']})"]
+    versus = _versus_table(report)
+    if versus:
+        lines += [
+            "",
+            "### `async def` against the sync path, same flow control",
+            "",
+            "Each ratio is taken within a repeat against the scenario compared with: the same "
+            "steps, flow control and threads, the handler and its steps `async def` "
+            "(awaited on the worker's event loop) instead of sync.",
+            "",
+            *versus,
+        ]
     lines += [
         "",
         "### Where the time goes",

@@ -37,7 +37,8 @@ Subscribe = Literal["fixed", "default", "run"]
 """``fixed``: ``FlowControl(max_messages=C)`` and a ``ThreadScheduler`` of ``C``
 threads; ``default``: plain ``subscriber.subscribe(path, callback=...)``, nothing
 else passed (1,000 messages, 100 MiB outstanding, 10 threads); ``run``: what
-:func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 10 by default)."""
+:func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 10 threads by default, and
+as many messages prefetched: 20 in flow control)."""
 
 StoreKind = Literal["default", "direct", "batched"]
 
@@ -72,6 +73,13 @@ class Scenario:
     ``batched``: concurrent writes coalesced into BatchWrite RPCs, tuned by ``batching``."""
     batching: Mapping[str, Any] = field(default_factory=dict)
     """Options of ``BatchingFirestoreJobStore`` for ``store="batched"``."""
+    asynchronous: bool = False
+    """The wrapped handler is ``async def`` and awaits its steps (``await job.step``)."""
+    step_io_ms: float = 0.0
+    """Each step waits this long, as for a call to another service: ``time.sleep`` in a
+    sync handler, ``await asyncio.sleep`` in an async one."""
+    versus: str | None = None
+    """A second scenario to compare with (the sync path beside an async one)."""
 
     @property
     def stock(self) -> bool:
@@ -83,13 +91,13 @@ class Scenario:
         if self.subscribe == "default":
             return 1000  # FlowControl().max_messages
         if self.subscribe == "run":
-            return 10  # PUBSUB_WORKER_MAX_MESSAGES' default
+            return 20  # PUBSUB_WORKER_MAX_MESSAGES' default, and as many prefetched
         return self.concurrency or concurrency
 
     def threads(self, concurrency: int) -> int:
         """Callback threads per process."""
-        if self.subscribe == "default":
-            return 10  # the client's default ThreadScheduler
+        if self.subscribe in ("default", "run"):
+            return 10  # the client's default ThreadScheduler; MAX_MESSAGES' default
         return self.in_flight(concurrency)
 
 
@@ -154,6 +162,37 @@ _ALL: tuple[Scenario, ...] = (
     # -- flow control: each side's best per process
     *_pair("c30", "30 in flight", concurrency=30),
     *_pair("c100", "100 in flight", concurrency=100),
+    # -- async def handlers against the sync path, at the same flow control (100 in flight)
+    Scenario(
+        "async-1-c100",
+        "wrapped",
+        "`exactly_once(async def)`, 1 step, 100 in flight",
+        baseline="stock-eod-c100",
+        steps=1,
+        concurrency=100,
+        asynchronous=True,
+        versus="wrapped-1-c100",
+    ),
+    Scenario(
+        "wrapped-io-c100",
+        "wrapped",
+        "`exactly_once`, 1 step waiting 20 ms, 100 in flight",
+        baseline="stock-eod-c100",
+        steps=1,
+        concurrency=100,
+        step_io_ms=20.0,
+    ),
+    Scenario(
+        "async-io-c100",
+        "wrapped",
+        "`exactly_once(async def)`, 1 step awaiting 20 ms, 100 in flight",
+        baseline="stock-eod-c100",
+        steps=1,
+        concurrency=100,
+        asynchronous=True,
+        step_io_ms=20.0,
+        versus="wrapped-io-c100",
+    ),
     # -- a fleet on one subscription
     *_pair("p2", "2 processes", processes=2),
     *_pair("p4", "4 processes", processes=4),
@@ -202,17 +241,22 @@ GROUPS: dict[str, tuple[str, ...]] = {
         *("stock-eod", "wrapped-1"),
         *("stock-eod-p2", "wrapped-1-p2", "stock-eod-p4", "wrapped-1-p4"),
     ),
+    "async": (
+        *("stock-eod-c100", "wrapped-1-c100", "async-1-c100"),
+        *("wrapped-io-c100", "async-io-c100"),
+    ),
     "payload": ("stock-eod-10k", "wrapped-1-10k", "stock-eod-1m", "wrapped-1-1m"),
     "stores": ("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-linger"),
 }
 """Families of scenarios, usable in ``--scenarios`` in place of names."""
 
-DEFAULT_SCENARIOS = ("core", "default", "flow", "fleet", "payload")
+DEFAULT_SCENARIOS = ("core", "default", "flow", "async", "fleet", "payload")
 """What ``python -m benchmarks.run`` runs without ``--scenarios``."""
 
 
 def expand(names: Sequence[str]) -> tuple[str, ...]:
-    """Scenario names from names and group names, baselines added, in a stable order.
+    """Scenario names from names and group names, baselines and comparisons added, in a
+    stable order.
 
     Raises :class:`KeyError` naming the first unknown entry.
     """
@@ -224,10 +268,13 @@ def expand(names: Sequence[str]) -> tuple[str, ...]:
                 raise KeyError(member)
             chosen.append(member)
     with_baselines: list[str] = []
-    for name in chosen:
-        for needed in (SCENARIOS[name].baseline, name):
-            if needed not in with_baselines:
-                with_baselines.append(needed)
+    while chosen:
+        name = chosen.pop()
+        if name in with_baselines:
+            continue
+        with_baselines.append(name)
+        scenario = SCENARIOS[name]
+        chosen.extend(n for n in (scenario.baseline, scenario.versus) if n is not None)
     if BASELINE not in with_baselines:
         with_baselines.insert(0, BASELINE)
     order = list(SCENARIOS)
