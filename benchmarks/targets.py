@@ -228,7 +228,8 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
             summary,
             "run-1",
             0.8,
-            "One step, `pubsub_worker.run()` defaults (10 in flight): >= 80% of stock at 10",
+            "One step, `pubsub_worker.run()` defaults (10 threads, 20 admitted): >= 80% of stock "
+            "at 10 in flight",
             "ten",
         ),
         _best_target(report),
