@@ -309,3 +309,63 @@ def test_two_flushers_with_a_linger_send_every_write_once_and_no_empty_batch(
         assert len(sizes) < sum(sizes)
     finally:
         store.close()
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts its ``notify`` calls."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """A flusher woken with no slot free would find nothing to send: a freed slot wakes one."""
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
+    batcher = store.batcher
+    batcher._cond = condition = _CountingCondition()
+    first_sent, release = threading.Event(), threading.Event()
+    send = batcher._send
+
+    def held(batch: list[Any]) -> None:
+        if not first_sent.is_set():
+            first_sent.set()
+            release.wait(10)  # the only slot stays busy
+        send(batch)
+
+    batcher._send = held  # type: ignore[method-assign]
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            assert first_sent.wait(10)
+            queued = [pool.submit(store.create, f"queued-{i}", {"epoch": 1}) for i in range(5)]
+            deadline = time.monotonic() + 10
+            while len(batcher._queue) < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(batcher._queue) == 5
+            assert condition.notified == 0  # five writes queued, no flusher woken for nothing
+            release.set()
+            for future in (first, *queued):
+                future.result(timeout=20)
+        assert 1 <= condition.notified <= 3  # the freed slot woke a flusher
+        for name in ("first", *(f"queued-{i}" for i in range(5))):
+            assert store.get(name) is not None
+    finally:
+        release.set()
+        store.close()
+
+
+def test_batch_write_sends_the_metadata_of_the_generated_client(firestore_client: Any) -> None:
+    """The raw request carries what the generated client adds: prefix, routing, client info."""
+    _, metadata = batching._batch_write_call(firestore_client)
+    headers = dict(metadata)
+    database = firestore_client._database_string
+    assert headers["google-cloud-resource-prefix"] == database
+    assert headers["x-goog-request-params"] == "database=" + database.replace("(", "%28").replace(
+        ")", "%29"
+    )
+    assert "gccl/" in headers["x-goog-api-client"]
