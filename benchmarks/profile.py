@@ -20,6 +20,7 @@ compare the samples with the consumer's CPU time in the benchmark's report.
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import signal
 import subprocess
@@ -29,10 +30,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["Profile", "component", "load", "main", "record", "stop"]
+__all__ = ["CALLBACK_THREADS", "Profile", "component", "function", "load", "main", "record", "stop"]
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
-_CALLBACK_THREADS = ("bench_", "ThreadPoolExecutor-ThreadScheduler", "pubsub-worker_")
+CALLBACK_THREADS = ("bench_", "ThreadPoolExecutor-ThreadScheduler", "pubsub-worker_")
 _COMPONENTS = (
     ("pubsub_worker/stores", "pubsub_worker stores"),
     ("pubsub_worker", "pubsub_worker"),
@@ -99,7 +100,8 @@ def component(frame: str) -> str:
     return "other (stdlib, ...)"
 
 
-def _function(frame: str) -> str:
+def function(frame: str) -> str:
+    """``Job.step (pubsub_worker/job.py)``: a frame without its line number."""
     match = _FRAME.match(frame)
     if not match:
         return frame
@@ -132,14 +134,14 @@ class Profile:
         out: Counter[str] = Counter()
         for _, frames, count in self.stacks:
             if frames:
-                out[_function(frames[-1])] += count
+                out[function(frames[-1])] += count
         return out
 
     def children(self, parent: str) -> Counter[str]:
         """Samples under ``parent`` (a function name), split by the function it called."""
         out: Counter[str] = Counter()
         for _, frames, count in self.stacks:
-            names = [_function(f) for f in frames]
+            names = [function(f) for f in frames]
             at = next((i for i, n in enumerate(names) if n.startswith(parent)), None)
             if at is not None:
                 out[names[at + 1] if at + 1 < len(names) else "(self)"] += count
@@ -149,16 +151,20 @@ class Profile:
         """Samples in which each function appears (once per stack); ``within``: a path part."""
         out: Counter[str] = Counter()
         for _, frames, count in self.stacks:
-            for name in {_function(f) for f in frames}:
+            for name in {function(f) for f in frames}:
                 if within is None or within in name:
                     out[name] += count
         return out
 
 
 def load(path: Path) -> Profile:
-    """Read a raw profile (``frame;frame;... count``, a ``thread (id): name`` frame first)."""
+    """Read a raw profile (``frame;frame;... count``, a ``thread (id): name`` frame first).
+
+    A ``.gz`` file is read decompressed (profiles published with a report are).
+    """
     stacks = []
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         head, _, count = line.rpartition(" ")
         if not head or not count.isdigit():
             continue
@@ -180,8 +186,8 @@ def _table(title: str, counts: Counter[str], total: int, top: int) -> Iterable[s
 def summarise(profile: Profile, top: int, under: Sequence[str] = ()) -> list[str]:
     """The text summary of one profile; ``under``: functions to split by callee."""
     lines = [f"{profile.path.name}: {profile.samples} samples"]
-    wall = profile.path.name.endswith("-wall.txt")
-    focus = profile.only_threads(_CALLBACK_THREADS) if wall else profile
+    wall = "-wall.txt" in profile.path.name
+    focus = profile.only_threads(CALLBACK_THREADS) if wall else profile
     total = focus.samples
     if wall:
         lines.append(f"  callback threads only: {total} samples")
@@ -209,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also split the samples under FUNCTION (e.g. 'ExactlyOnce.__call__') by callee",
     )
     args = parser.parse_args(argv)
-    paths = sorted(p for p in args.folder.glob("*.txt") if args.pattern in p.name)
+    paths = sorted(
+        p
+        for p in (*args.folder.glob("*.txt"), *args.folder.glob("*.txt.gz"))
+        if args.pattern in p.name
+    )
     if not paths:
         print(f"no profiles matching {args.pattern!r} in {args.folder}", file=sys.stderr)
         return 1

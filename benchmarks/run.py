@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import shlex
 import shutil
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.breakdown import PROFILED, breakdown
 from benchmarks.fleet import Plan, Publisher, run_once
 from benchmarks.machine import emulators, machine, versions
 from benchmarks.report import render_markdown, summarize, write_markdown
@@ -42,6 +44,8 @@ __all__ = ["Options", "main"]
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "pubsub-worker-bench"
 PAYLOAD_BYTES = 256
+PROFILE_ROUND = -1
+"""The repeat number of the profile round's runs."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Options:
     plot: Path | None
     command: str
     py_spy: Path | None = None
+    profiles: Path | None = None
+    """Where the profile round's profiles go (gzipped); None: no profile round."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -131,6 +137,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "profiles, raw collapsed stacks in DIR; summarise with `python -m benchmarks.profile "
         "DIR`; the sampling perturbs the numbers: a diagnostic, not a measurement)",
     )
+    parser.add_argument(
+        "--profiles",
+        default=str(ROOT / "docs" / "profiles"),
+        help="after the repeats, one more run of each profiled scenario with py-spy attached "
+        "(not counted in the figures): its breakdown goes in the report, its raw profiles here, "
+        "gzipped (default docs/profiles; '-' for no profile round; skipped without py-spy)",
+    )
     args = parser.parse_args(argv)
     if args.py_spy and _py_spy_path() is None:
         parser.error("--py-spy needs py-spy (pip install py-spy)")
@@ -163,6 +176,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         plot=path(args.plot),
         command=shlex.join(["python", "-m", "benchmarks.run", *given]),
         py_spy=Path(args.py_spy) if args.py_spy else None,
+        profiles=path(args.profiles),
     )
 
 
@@ -188,6 +202,10 @@ class _Progress:
             return f"{elapsed:4.0f} s"
         left = elapsed / self._done * (self._total - self._done)
         return f"{elapsed:4.0f} s, ~{left / 60:.0f} min left"
+
+    def add(self, runs: int) -> None:
+        """``runs`` more runs to come (the profile round)."""
+        self._total += runs
 
     def begin(self, label: str) -> None:
         self._label = label
@@ -245,40 +263,74 @@ class _Session:
         self.emu = emu
         self.progress = progress
         self.logs = Path(tempfile.mkdtemp(prefix="bench-consumers-"))
-        self.spy = _py_spy_path() if options.py_spy else None
+        self.spy = _py_spy_path() if options.py_spy or options.profiles else None
         self.admin = (publisher_admin(emu.pubsub_host), subscriber_admin(emu.pubsub_host))
         self.publisher = Publisher(PAYLOAD_BYTES)
         self.runs: list[dict[str, Any]] = []
         self.warmups: list[dict[str, Any]] = []  # discarded, but a stall there is a stall
+        self.profiled: dict[str, dict[str, Any]] = {}  # the profile round, not in the figures
 
     def one(self, name: str, repeat: int) -> dict[str, Any]:
-        """One run of ``name``; repeat 0 is its warm-up (no latency phases, no profile)."""
+        """One run of ``name``; repeat 0 is its warm-up (no latency phases, no profile).
+
+        Repeat -1 is its run in the profile round: py-spy attached, no latency phases.
+        """
         options, scenario = self.options, SCENARIOS[name]
-        warm = repeat == 0
-        label = f"warmup-{name}" if warm else f"r{repeat}-{name}"
+        warm, profiled = repeat == 0, repeat == PROFILE_ROUND
+        label = f"warmup-{name}" if warm else f"profile-{name}" if profiled else f"r{repeat}-{name}"
         backlog = options.warmup if warm else options.messages
         plan = Plan(
             scenario=scenario,
             label=label,
             project=PROJECT,
             backlog=max(int(backlog * scenario.backlog_share), 10),
-            paced=0 if warm else options.paced,
+            paced=0 if warm or profiled else options.paced,
             rate=options.rate,
-            lone=0 if warm else options.lone,
+            lone=0 if warm or profiled else options.lone,
             concurrency=options.concurrency,
             stall_s=options.stall_s,
             timeout_s=options.timeout_s,
             logs=self.logs,
-            py_spy=None if warm else self.spy,
-            profiles=options.py_spy,
+            py_spy=self.spy if profiled or (options.py_spy and not warm) else None,
+            profiles=self.raw_profiles if profiled else options.py_spy,
         )
         self.progress.begin(label)
         t0 = time.monotonic()
         raw = run_once(plan, self.emu, self.publisher, self.admin, self.progress.phase)
         raw.update(scenario=name, repeat=repeat, label=label, backlog=plan.backlog)
-        prefix = "warm-up " if warm else f"r{repeat} "
+        prefix = "warm-up " if warm else "profiled " if profiled else f"r{repeat} "
         self.progress.end(prefix + _line(name, raw, time.monotonic() - t0))
         return raw
+
+    @property
+    def raw_profiles(self) -> Path:
+        return self.logs / "profiles"
+
+    def profile_round(self) -> None:
+        """One more run of each profiled scenario, py-spy attached; its breakdown and files."""
+        folder = self.options.profiles
+        if folder is None:
+            return
+        for name in self.profile_names():
+            raw = self.one(name, PROFILE_ROUND)
+            label = f"profile-{name}-p0"  # the first consumer process
+            messages = raw["phases"]["backlog"]["messages"] if raw["ok"] else 0
+            found = breakdown(self.raw_profiles, label, messages)
+            raw["breakdown"] = found
+            if found is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+                for mode in ("cpu", "wall"):
+                    data = (self.raw_profiles / f"{label}-{mode}.txt").read_bytes()
+                    target = folder / f"{name}-{mode}.txt.gz"
+                    target.write_bytes(gzip.compress(data, mtime=0))
+                raw["profile_files"] = [f"{name}-{m}.txt.gz" for m in ("cpu", "wall")]
+            self.profiled[name] = raw
+
+    def profile_names(self) -> list[str]:
+        """The profiled scenarios of this session; none without py-spy or a folder."""
+        if self.options.profiles is None or self.spy is None:
+            return []
+        return [n for n in PROFILED if n in self.options.scenarios]
 
     def all(self) -> None:
         """Warm-ups, then the repeats, each in a rotated order."""
@@ -290,6 +342,7 @@ class _Session:
                 shift = (repeat - 1) % len(names)
                 for name in names[shift:] + names[:shift]:
                     self.runs.append(self.one(name, repeat))
+            self.profile_round()
         finally:
             self.publisher.close()
 
@@ -338,8 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.timezone.utc)
     total = len(options.scenarios) * (options.repeats + (1 if options.warmup else 0))
+    if options.profiles is not None and _py_spy_path() is None:
+        _say("no profile round: py-spy is not installed (pip install py-spy, or nox -s bench)")
     with emulators(PROJECT) as (emu, sdk_root):
-        session = _Session(options, emu, _Progress(total))
+        progress = _Progress(total)
+        session = _Session(options, emu, progress)
+        progress.add(len(session.profile_names()))
         _say(
             f"emulators ready in {emu.startup_s:.1f} s; {len(options.scenarios)} scenarios "
             f"({', '.join(options.scenarios)}); {options.messages} backlog, {options.paced} "
@@ -358,17 +415,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "options": {
             k: v
             for k, v in asdict(options).items()
-            if k not in ("markdown", "json_path", "plot", "py_spy")
+            if k not in ("markdown", "json_path", "plot", "py_spy", "profiles")
         },
         "baseline": BASELINE,
         "scenarios": {n: SCENARIOS[n].label for n in options.scenarios},
         "summary": summarize(session.runs, options.scenarios, options.concurrency),
         "runs": session.runs,
         "warmups": session.warmups,
+        "profiled": session.profiled,
     }
     _write(report, options)
     _say(f"done in {time.monotonic() - started:.0f} s")
-    return 0 if all(run["ok"] for run in (*session.warmups, *session.runs)) else 1
+    everything = (*session.warmups, *session.runs, *session.profiled.values())
+    return 0 if all(run["ok"] for run in everything) else 1
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The performance targets, judged on one session's summary and runs.
 
 Each target says what it compares; a target whose scenarios were not run is
-``n/a``. ``why`` names the section of ``docs/benchmarks.md`` that says what
-stands in the way of a target that is not met (written by hand, from the
-profiles of the same run).
+``n/a``. ``why`` names the section of ``docs/benchmarks.md`` that explains
+what stands in the way of a target that is not met; ``stands`` says it in
+figures, from the same session's profile round (:mod:`benchmarks.breakdown`).
 """
 
 from __future__ import annotations
@@ -203,8 +203,78 @@ def _memory_target(summary: dict[str, Any]) -> Target:
     return {"target": text, "measured": measured, "met": met, "why": "memory"}
 
 
+def _profiled(report: dict[str, Any], name: str) -> dict[str, Any] | None:
+    run = report.get("profiled", {}).get(name)
+    found: dict[str, Any] | None = run.get("breakdown") if run else None
+    return found
+
+
+def _pct_of(share: float) -> str:
+    return f"{share * 100:.0f}%"
+
+
+def _wall(report: dict[str, Any], name: str, keys: Sequence[tuple[str, str]]) -> str | None:
+    found = _profiled(report, name)
+    if found is None:
+        return None
+    wall = found["wall"]
+    parts = ", ".join(f"{text} {_pct_of(wall[key])}" for key, text in keys)
+    return f"`{name}`'s callback threads (wall profile): {parts}"
+
+
+def _gil(report: dict[str, Any], name: str) -> str | None:
+    found = _profiled(report, name)
+    return None if found is None else f"{found['cpu']['total']:.2f}"
+
+
+def stands(report: dict[str, Any], why: str) -> str:
+    """What stands in the way of the targets that ``why`` names, in this session's figures."""
+    idle = ("idle", "waiting for a message")
+    claim, complete = ("claim", "claim's write"), ("complete", "completion's write")
+    text: str | None = None
+    if why == "default":
+        text = _wall(report, "wrapped-1-default", (claim, complete, idle))
+    elif why == "ten":
+        text = _wall(report, "wrapped-1", (idle, claim, complete))
+        if text:
+            text += " (a slot is held until the ack is answered)"
+    elif why == "three":
+        text = _wall(report, "wrapped-3", (claim, ("steps", "steps' writes"), complete, idle))
+    elif why in ("best", "cpu"):
+        wrapped = "wrapped-1-c100" if why == "best" else "wrapped-1"
+        stock = "stock-eod-c100" if why == "best" else "stock-eod"
+        found, base = _profiled(report, wrapped), _gil(report, stock)
+        if found is not None and base is not None:
+            cpu = found["cpu"]
+            text = (
+                f"GIL held per message (CPU profile): `{wrapped}` {cpu['total']:.2f} ms "
+                f"(sending batches {cpu['send']:.2f}, building and awaiting writes "
+                f"{cpu['writes']:.2f}, bookkeeping {cpu['bookkeeping']:.2f}, client threads "
+                f"{cpu['client']:.2f}) against `{stock}` {base} ms"
+            )
+            if why == "best":
+                text += f": one process tops out near {1000 / cpu['total']:,.0f} msg/s"
+    elif why == "rpcs":
+        row = report["summary"].get("wrapped-3")
+        if row and row["firestore_rpcs_per_msg"]:
+            per_rpc = row["firestore_writes_per_msg"] / row["firestore_rpcs_per_msg"]
+            text = (
+                f"`wrapped-3` writes {row['firestore_writes_per_msg']:.1f} times per message "
+                f"and {per_rpc:.1f} writes share an RPC at 10 in flight"
+            )
+    return text or "(no profile in this session)"
+
+
 def evaluate(report: dict[str, Any]) -> list[Target]:
-    """Every target, with what was measured and whether it is met."""
+    """Every target, with what was measured, whether it is met, and what stands in the way."""
+    targets = _targets(report)
+    for target in targets:
+        if target["met"] is False and target.get("why"):
+            target["stands"] = stands(report, target["why"])
+    return targets
+
+
+def _targets(report: dict[str, Any]) -> list[Target]:
     summary: dict[str, Any] = report["summary"]
     return [
         _ratio_target(

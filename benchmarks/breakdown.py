@@ -1,0 +1,142 @@
+"""What a consumer's profiles say, in the report's terms: where its GIL time and its threads go.
+
+A benchmark session ends with a profile round (:mod:`benchmarks.run`): one
+more run of each of :data:`PROFILED`, with py-spy attached, not counted in
+the figures. :func:`breakdown` turns its two profiles into the figures the
+report prints and the targets quote:
+
+- CPU (``*-cpu.txt``, only samples that hold the GIL): milliseconds of GIL
+  per message, split by :data:`CPU_PARTS`. py-spy samples 100 times a
+  second, so a sample is 10 ms of one thread holding the GIL; time in C
+  threads that never take it (gRPC's pollers) is not in it.
+- wall (``*-wall.txt``, every thread): the share of the callback threads'
+  time in each of :data:`WALL_PARTS`.
+
+A stack goes to the first part whose test it passes, in the order listed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.profile import CALLBACK_THREADS, Profile, function, load
+
+__all__ = ["CPU_PARTS", "PROFILED", "SAMPLE_MS", "WALL_PARTS", "Part", "breakdown", "classify"]
+
+PROFILED = (
+    "stock-eod",
+    "wrapped-1",
+    "wrapped-3",
+    "stock-eod-default",
+    "wrapped-1-default",
+    "stock-eod-c100",
+    "wrapped-1-c100",
+)
+"""The scenarios of the profile round: the stock client and the wrapper, where the targets are."""
+
+SAMPLE_MS = 10.0
+"""py-spy records 100 samples a second."""
+
+Stack = Sequence[str]
+"""Function names, outermost first (``Job.step (pubsub_worker/job.py)``)."""
+
+
+def _has(*names: str) -> Callable[[Stack], bool]:
+    return lambda stack: any(frame.startswith(names) for frame in stack)
+
+
+def _in_file(part: str) -> Callable[[Stack], bool]:
+    return lambda stack: any(part in frame for frame in stack)
+
+
+_CALLBACK = _has("ExactlyOnce.__call__", "_wrap_callback_errors")
+_WRAPPER = _has("ExactlyOnce.__call__")
+_WRITES = _has(
+    "WriteBatcher.submit",
+    "create_write",
+    "update_write",
+    "BatchingFirestoreJobStore.",
+    "FirestoreJobStore._settled",
+)
+
+
+def _handler_or_ack(stack: Stack) -> bool:
+    """The handler's own work, its steps, the ack; for the stock callback, all of it."""
+    if not _CALLBACK(stack):
+        return False
+    if not _WRAPPER(stack):
+        return True
+    return _has("Job.step", "Message.ack")(stack) or _in_file("benchmarks/handlers")(stack)
+
+
+Part = tuple[str, str, Callable[[Stack], bool]]
+"""A key, what it is, and the test of a stack."""
+
+CPU_PARTS: tuple[Part, ...] = (
+    (
+        "send",
+        "sending write batches (the gRPC call, settling each write)",
+        _has("WriteBatcher._send"),
+    ),
+    ("writes", "building, queueing and awaiting each write", _WRITES),
+    (
+        "handler",
+        "the handler, its steps and the ack (the stock callback: all of it)",
+        _handler_or_ack,
+    ),
+    (
+        "bookkeeping",
+        "the wrapper's bookkeeping (tracker, gate, identity, job, outcome, logs)",
+        _WRAPPER,
+    ),
+    ("harness", "the benchmark's harness (recording each message)", _in_file("benchmarks/")),
+    ("client", "the Pub/Sub client's own threads (stream, dispatcher, leases)", lambda s: True),
+)
+"""Where the GIL time of a consumer goes."""
+
+WALL_PARTS: tuple[Part, ...] = (
+    ("idle", "waiting for a message", lambda s: not _CALLBACK(s)),
+    ("claim", "the claim's write", _has("claim (pubsub_worker/claim.py)")),
+    ("complete", "the completion's write", _has("Job.complete", "FencedDocument.complete")),
+    ("steps", "the steps (each step's record written before the next)", _has("Job.step")),
+    ("ack", "awaiting the ack's answer", _has("Future.result")),
+    ("other", "other work", lambda s: True),
+)
+"""Where a callback thread's time goes."""
+
+
+def classify(stack: Stack, parts: Sequence[Part]) -> str:
+    """The key of the first part whose test ``stack`` passes."""
+    return next(key for key, _, test in parts if test(stack))
+
+
+def _shares(profile: Profile, parts: Sequence[Part]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for _, frames, samples in profile.stacks:
+        counts[classify([function(f) for f in frames], parts)] += samples
+    return counts
+
+
+def breakdown(folder: Path, label: str, messages: int) -> dict[str, Any] | None:
+    """The figures of one profiled consumer (``label``: ``profile-wrapped-1-p0``); None if absent.
+
+    ``cpu``: GIL ms per message by part (and ``total``); ``wall``: the callback
+    threads' share of time by part; ``samples``: how many each profile holds.
+    """
+    cpu_path, wall_path = folder / f"{label}-cpu.txt", folder / f"{label}-wall.txt"
+    if not cpu_path.exists() or not wall_path.exists() or messages <= 0:
+        return None
+    cpu, wall = load(cpu_path), load(wall_path).only_threads(CALLBACK_THREADS)
+    cpu_counts, wall_counts = _shares(cpu, CPU_PARTS), _shares(wall, WALL_PARTS)
+    wall_total = max(wall.samples, 1)
+    return {
+        "samples": {"cpu": cpu.samples, "wall": wall.samples},
+        "cpu": {
+            **{key: cpu_counts[key] * SAMPLE_MS / messages for key, _, _ in CPU_PARTS},
+            "total": cpu.samples * SAMPLE_MS / messages,
+        },
+        "wall": {key: wall_counts[key] / wall_total for key, _, _ in WALL_PARTS},
+    }

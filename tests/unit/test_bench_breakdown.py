@@ -1,0 +1,137 @@
+"""The profile round's breakdown: py-spy stacks -> GIL per message, callback threads' time."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.breakdown import CPU_PARTS, WALL_PARTS, breakdown, classify
+from benchmarks.profile import load
+from benchmarks.targets import stands
+
+_POOL = "thread (0x1): ThreadPoolExecutor-ThreadScheduler_0"
+_BOOT = "Thread._bootstrap (threading.py:1002);_worker (concurrent/futures/thread.py:83)"
+_CALL = (
+    f"{_BOOT};_WorkItem.run (concurrent/futures/thread.py:58);"
+    "ExactlyOnce.__call__ (pubsub_worker/wrapper.py:195);DeliveryFlow.run (pubsub_worker/flow.py:1)"
+)
+
+CPU = {
+    # the claim's write, sent by the callback thread itself
+    f"{_POOL};{_CALL};claim (pubsub_worker/claim.py:9);BatchingFirestoreJobStore.create "
+    "(pubsub_worker/stores/batching.py:1);WriteBatcher.submit (pubsub_worker/stores/batching.py:2);"
+    "WriteBatcher._run (pubsub_worker/stores/batching.py:3);"
+    "WriteBatcher._send (pubsub_worker/stores/batching.py:4)": 30,
+    # building the completion's write
+    f"{_POOL};{_CALL};Job.complete (pubsub_worker/job.py:1);"
+    "update_write (pubsub_worker/stores/_writes.py:5)": 20,
+    # a step
+    f"{_POOL};{_CALL};Job.step (pubsub_worker/job.py:2);dumps (json/__init__.py:1)": 5,
+    # the wrapper's own bookkeeping
+    f"{_POOL};{_CALL};DeliveryTracker.register (pubsub_worker/deliveries.py:1)": 10,
+    # the harness
+    "thread (0x2): MainThread;_Consumer.flush_forever (benchmarks/consumer.py:1)": 3,
+    # the client's dispatcher
+    "thread (0x3): Thread-ConsumeBidirectionalStream;Dispatcher.ack "
+    "(google/cloud/pubsub_v1/subscriber/_protocol/dispatcher.py:1)": 12,
+}
+WALL = {
+    f"{_POOL};{_BOOT}": 40,  # idle in the pool, waiting for a message
+    f"{_POOL};{_CALL};claim (pubsub_worker/claim.py:9);Event.wait (threading.py:1)": 30,
+    f"{_POOL};{_CALL};Job.complete (pubsub_worker/job.py:1);Event.wait (threading.py:1)": 25,
+    f"{_POOL};{_CALL};DeliveryTracker.register (pubsub_worker/deliveries.py:1)": 5,
+    # not a callback thread: left out of the wall figures
+    "thread (0x3): Thread-ConsumeBidirectionalStream;Dispatcher.ack "
+    "(google/cloud/pubsub_v1/subscriber/_protocol/dispatcher.py:1)": 99,
+}
+
+
+def _write(folder: Path, label: str, mode: str, stacks: dict[str, int], zipped: bool) -> None:
+    text = "".join(f"{stack} {count}\n" for stack, count in stacks.items())
+    if zipped:
+        (folder / f"{label}-{mode}.txt.gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        (folder / f"{label}-{mode}.txt").write_text(text)
+
+
+def test_gil_time_per_message_and_callback_threads_time_by_part(tmp_path: Path) -> None:
+    _write(tmp_path, "profile-wrapped-1-p0", "cpu", CPU, zipped=False)
+    _write(tmp_path, "profile-wrapped-1-p0", "wall", WALL, zipped=False)
+    found = breakdown(tmp_path, "profile-wrapped-1-p0", messages=100)
+    assert found is not None
+    assert found["samples"] == {"cpu": 80, "wall": 100}
+    # 10 ms a sample, over 100 messages
+    assert found["cpu"] == pytest.approx(
+        {
+            "send": 3.0,
+            "writes": 2.0,
+            "handler": 0.5,
+            "bookkeeping": 1.0,
+            "harness": 0.3,
+            "client": 1.2,
+            "total": 8.0,
+        }
+    )
+    assert found["wall"] == pytest.approx(
+        {"idle": 0.40, "claim": 0.30, "complete": 0.25, "steps": 0.0, "ack": 0.0, "other": 0.05}
+    )
+
+
+def test_a_missing_profile_or_no_message_gives_no_breakdown(tmp_path: Path) -> None:
+    _write(tmp_path, "p", "cpu", CPU, zipped=False)
+    assert breakdown(tmp_path, "p", messages=100) is None  # no wall profile
+    _write(tmp_path, "p", "wall", WALL, zipped=False)
+    assert breakdown(tmp_path, "p", messages=0) is None
+
+
+def test_a_published_gzipped_profile_reads_like_the_raw_one(tmp_path: Path) -> None:
+    _write(tmp_path, "raw", "cpu", CPU, zipped=False)
+    _write(tmp_path, "published", "cpu", CPU, zipped=True)
+    raw = load(tmp_path / "raw-cpu.txt")
+    published = load(tmp_path / "published-cpu.txt.gz")
+    assert published.stacks == raw.stacks
+    assert raw.samples == 80
+
+
+def test_the_stock_callback_counts_as_the_handler_and_its_ack() -> None:
+    stack = ["_worker (concurrent/futures/thread.py)", "_wrap_callback_errors (x.py)", "f (a.py)"]
+    assert classify(stack, CPU_PARTS) == "handler"
+    waiting = [*stack, "Future.result (concurrent/futures/_base.py)"]
+    assert classify(waiting, WALL_PARTS) == "ack"
+
+
+def _report(**profiled: dict[str, Any]) -> dict[str, Any]:
+    return {"profiled": {n: {"breakdown": b} for n, b in profiled.items()}, "summary": {}}
+
+
+def test_what_stands_in_the_way_quotes_the_session_profiles() -> None:
+    wall = {"idle": 0.35, "claim": 0.33, "complete": 0.31, "steps": 0.0, "ack": 0.0, "other": 0.01}
+    cpu = {
+        "send": 0.3,
+        "writes": 0.4,
+        "handler": 0.1,
+        "bookkeeping": 0.3,
+        "harness": 0.1,
+        "client": 0.4,
+        "total": 1.6,
+    }
+    stock = {**dict.fromkeys(cpu, 0.0), "client": 0.3, "total": 0.4}
+    report = _report(
+        **{
+            "wrapped-1": {"wall": wall, "cpu": cpu},
+            "stock-eod": {"wall": wall, "cpu": stock},
+            "wrapped-1-c100": {"wall": wall, "cpu": cpu},
+            "stock-eod-c100": {"wall": wall, "cpu": stock},
+        }
+    )
+    assert stands(report, "ten") == (
+        "`wrapped-1`'s callback threads (wall profile): waiting for a message 35%, "
+        "claim's write 33%, completion's write 31% (a slot is held until the ack is answered)"
+    )
+    assert "`wrapped-1` 1.60 ms" in stands(report, "cpu")
+    assert "against `stock-eod` 0.40 ms" in stands(report, "cpu")
+    assert stands(report, "best").endswith("one process tops out near 625 msg/s")
+    assert stands(report, "default") == "(no profile in this session)"
