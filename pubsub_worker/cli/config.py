@@ -31,11 +31,15 @@ def cmd_config(args: argparse.Namespace) -> int:
         checks = [Check("settings", Level.PROBLEM, str(exc))]
         return _print_config(args, [], checks)
     rows = effective_settings(settings, os.environ, overrides)
-    subscriber = clients.subscriber_client(settings)
-    publisher = clients.publisher_client(settings)
-    firestore_client = clients.firestore_client(settings)
-    admin = None if settings.firestore_emulator_host else _admin_client
+    opened: list[Any] = []  # the clients' close methods are untyped; they release channels
     try:
+        subscriber = clients.subscriber_client(settings)
+        opened.append(subscriber)
+        publisher = clients.publisher_client(settings)
+        opened.append(cast(Any, publisher).transport)
+        firestore_client = clients.firestore_client(settings)
+        opened.append(firestore_client)
+        admin = None if settings.firestore_emulator_host else _admin_client
         checks = run_checks(
             settings,
             subscriber=subscriber,
@@ -43,10 +47,11 @@ def cmd_config(args: argparse.Namespace) -> int:
             firestore_client=firestore_client,
             admin=admin,
         )
+    except ConfigError as exc:  # no credentials: the settings still print, with what to set
+        checks = [Check("credentials", Level.PROBLEM, str(exc))]
     finally:
-        # The clients' close methods are untyped; they only release channels here.
-        for client in (subscriber, cast(Any, publisher).transport, firestore_client):
-            cast(Any, client).close()
+        for client in opened:
+            client.close()
     return _print_config(args, rows, checks, settings=settings)
 
 

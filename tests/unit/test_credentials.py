@@ -48,8 +48,9 @@ def test_the_commands_exit_with_the_message(no_credentials: dict[str, str]) -> N
     }
     env.update(no_credentials)
     env["PUBSUB_WORKER_SUBSCRIPTION"] = "projects/orders-demo/subscriptions/orders-worker"
-    for argv in (["config"], ["jobs", "list"]):
-        done = subprocess.run(
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [sys.executable, "-m", "pubsub_worker.cli", *argv],
             cwd=ROOT,
             env=env,
@@ -58,6 +59,17 @@ def test_the_commands_exit_with_the_message(no_credentials: dict[str, str]) -> N
             timeout=60,
             check=False,
         )
-        assert done.returncode != 0, argv
-        assert "no Google Cloud credentials for" in done.stderr, (argv, done.stderr)
-        assert "Traceback" not in done.stderr, (argv, done.stderr)
+
+    done = cli("jobs", "list")
+    assert done.returncode != 0
+    assert "no Google Cloud credentials for" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    # ``config`` is the diagnostic: it prints the settings, with the credentials as a problem.
+    done = cli("config")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "PUBSUB_WORKER_SUBSCRIPTION" in done.stdout
+    assert "orders-worker" in done.stdout
+    assert "credentials" in done.stdout
+    assert "no Google Cloud credentials for Pub/Sub" in done.stdout
+    assert "PUBSUB_EMULATOR_HOST" in done.stdout
