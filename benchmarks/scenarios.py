@@ -216,6 +216,24 @@ _ALL: tuple[Scenario, ...] = (
         batching={"max_in_flight": 1},
     ),
     Scenario(
+        "wrapped-1-batched-4",
+        "wrapped",
+        "`exactly_once`, 1 step, BatchWrite, 4 batches in flight",
+        steps=1,
+        store="batched",
+        batching={"max_in_flight": 4},
+    ),
+    Scenario(
+        "wrapped-1-c100-batched-4",
+        "wrapped",
+        "`exactly_once`, 1 step, 100 in flight, BatchWrite, 4 batches in flight",
+        baseline="stock-eod-c100",
+        steps=1,
+        concurrency=100,
+        store="batched",
+        batching={"max_in_flight": 4},
+    ),
+    Scenario(
         "wrapped-1-batched-linger",
         "wrapped",
         "`exactly_once`, 1 step, BatchWrite, 1 ms linger",
@@ -246,7 +264,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
         *("wrapped-io-c100", "async-io-c100"),
     ),
     "payload": ("stock-eod-10k", "wrapped-1-10k", "stock-eod-1m", "wrapped-1-1m"),
-    "stores": ("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-linger"),
+    "stores": (
+        *("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-4"),
+        *("wrapped-1-batched-linger", "stock-eod-c100", "wrapped-1-c100-batched-4"),
+    ),
 }
 """Families of scenarios, usable in ``--scenarios`` in place of names."""
 
