@@ -1,0 +1,105 @@
+"""The client CPU of one Firestore ``BatchWrite`` RPC: ``python -m benchmarks.rpc_cost``.
+
+Starts the Firestore and Pub/Sub emulators, then sends ``--calls`` batches
+of ``--writes`` job writes one after another from one thread, three ways,
+twice each, alternating:
+
+- ``generated``: the generated client's wrapped ``batch_write`` method
+  (proto-plus request, ``api_core``'s retry and timeout layers), as the
+  batching store sent them before;
+- ``raw``: the raw request on the client's gRPC channel, as the batching
+  store sends them now (:func:`pubsub_worker.stores.batching._batch_write_call`);
+- ``raw-future``: the same through the stub's ``future()`` and a done-callback
+  (the RPC answered on gRPC's thread), a design the store does not use.
+
+It prints the process CPU time (all threads, ``time.process_time``) and
+the wall time per RPC. The writes are built before the timing starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.machine import emulators
+
+__all__ = ["main"]
+
+
+def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
+    from google.cloud.firestore_v1.types import firestore as firestore_types  # noqa: PLC0415
+
+    from pubsub_worker.stores.batching import _batch_write_call  # noqa: PLC0415
+
+    api, database = client._firestore_api, client._database_string
+    wrapped = firestore_types.BatchWriteRequest
+    raw_request = wrapped.pb()
+    call, metadata = _batch_write_call(client)
+
+    def generated(writes: list[Any]) -> Any:
+        request = wrapped.wrap(raw_request(database=database, writes=writes))
+        return api.batch_write(
+            request=request, metadata=client._rpc_metadata, retry=None, timeout=10
+        )
+
+    def raw(writes: list[Any]) -> Any:
+        return call(raw_request(database=database, writes=writes), timeout=10, metadata=metadata)
+
+    def raw_future(writes: list[Any]) -> Any:
+        done = threading.Event()
+        future = call.future(
+            raw_request(database=database, writes=writes), timeout=10, metadata=metadata
+        )
+        future.add_done_callback(lambda _: done.set())
+        done.wait()
+        return future.result()
+
+    return {"generated": generated, "raw": raw, "raw-future": raw_future}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure and print; 0 on success."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rpc_cost")
+    parser.add_argument("--calls", type=int, default=600, help="RPCs per measurement (600)")
+    parser.add_argument("--writes", type=int, default=2, help="writes per RPC (2)")
+    args = parser.parse_args(argv)
+    with emulators("pubsub-worker-rpc-cost"):
+        from google.cloud import firestore  # noqa: PLC0415
+
+        from pubsub_worker.stores._writes import create_write  # noqa: PLC0415
+
+        client = firestore.Client(project="pubsub-worker-rpc-cost")
+        prefix = f"{client._database_string}/documents/rpc-cost"
+
+        def batches(count: int) -> list[list[Any]]:
+            return [
+                [
+                    create_write(f"{prefix}/{uuid.uuid4().hex}", {"epoch": 1, "state": "running"})
+                    for _ in range(args.writes)
+                ]
+                for _ in range(count)
+            ]
+
+        senders = _senders(client)
+        print(f"{args.calls} BatchWrite RPCs of {args.writes} writes, one thread, per RPC:")
+        for round_ in (1, 2):
+            for name, send in senders.items():
+                for writes in batches(50):  # warm the path
+                    send(writes)
+                todo = batches(args.calls)
+                cpu, wall = time.process_time(), time.perf_counter()
+                for writes in todo:
+                    send(writes)
+                cpu_ms = (time.process_time() - cpu) * 1000 / args.calls
+                wall_ms = (time.perf_counter() - wall) * 1000 / args.calls
+                print(f"  round {round_} {name:<11} CPU {cpu_ms:.3f} ms  wall {wall_ms:.3f} ms")
+        client.close()  # type: ignore[no-untyped-call]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
