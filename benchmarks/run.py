@@ -317,6 +317,11 @@ class _Session:
             messages = raw["phases"]["backlog"]["messages"] if raw["ok"] else 0
             found = breakdown(self.raw_profiles, label, messages)
             raw["breakdown"] = found
+            if found is None and raw["ok"]:
+                _say(
+                    f"no profile of {name}: py-spy wrote none (on Linux it needs permission to "
+                    "trace the consumers: root, or kernel.yama.ptrace_scope=0)"
+                )
             if found is not None:
                 folder.mkdir(parents=True, exist_ok=True)
                 for mode in ("cpu", "wall"):
