@@ -24,7 +24,16 @@ from typing import Any
 
 from benchmarks.profile import CALLBACK_THREADS, Profile, function, load
 
-__all__ = ["CPU_PARTS", "PROFILED", "SAMPLE_MS", "WALL_PARTS", "Part", "breakdown", "classify"]
+__all__ = [
+    "CPU_PARTS",
+    "PROFILED",
+    "SAMPLE_MS",
+    "WALL_PARTS",
+    "Part",
+    "breakdown",
+    "classify",
+    "profile_tables",
+]
 
 PROFILED = (
     "stock-eod",
@@ -140,3 +149,60 @@ def breakdown(folder: Path, label: str, messages: int) -> dict[str, Any] | None:
         },
         "wall": {key: wall_counts[key] / wall_total for key, _, _ in WALL_PARTS},
     }
+
+
+def _consumer_cpu_ms(run: dict[str, Any]) -> float:
+    phase = run["phases"]["backlog"]
+    return float(sum(phase["consumer_cpu_s"]) * 1000 / phase["messages"])
+
+
+def profile_tables(report: dict[str, Any]) -> list[str]:
+    """The profile round: GIL time per message by part, callback threads' time by part."""
+    profiled = {
+        name: run
+        for name, run in report.get("profiled", {}).items()
+        if run.get("breakdown") is not None
+    }
+    if not profiled:
+        return []
+    names = list(profiled)
+    head = "| | " + " | ".join(f"`{n}`" for n in names) + " |"
+    rule = "| --- |" + " ---: |" * len(names)
+    found = {n: profiled[n]["breakdown"] for n in names}
+    lines = [
+        "One more run of each scenario below, after the repeats, with py-spy attached "
+        "(100 samples a second, not counted in the figures above; the sampling slows the "
+        "consumer a little). Raw profiles: `docs/profiles/` (`python -m benchmarks.profile "
+        "docs/profiles wrapped-1-cpu`). GIL: only samples that hold it, 10 ms each, per "
+        "message; gRPC's C threads that never take it are in the consumer's CPU, not here.",
+        "",
+        "GIL held, ms per message (CPU profile):",
+        "",
+        head,
+        rule,
+    ]
+    for key, text, _ in CPU_PARTS:
+        lines.append(
+            f"| {text} | " + " | ".join(f"{found[n]['cpu'][key]:.2f}" for n in names) + " |"
+        )
+    lines.append(
+        "| **GIL in all** | "
+        + " | ".join(f"**{found[n]['cpu']['total']:.2f}**" for n in names)
+        + " |"
+    )
+    lines.append(
+        "| consumer CPU in this run (all threads) | "
+        + " | ".join(f"{_consumer_cpu_ms(profiled[n]):.2f}" for n in names)
+        + " |"
+    )
+    lines.append(
+        "| msg/s in this run | "
+        + " | ".join(f"{profiled[n]['phases']['backlog']['msgs_per_s']:,.0f}" for n in names)
+        + " |"
+    )
+    lines += ["", "Callback threads' time (wall profile):", "", head, rule]
+    for key, text, _ in WALL_PARTS:
+        lines.append(
+            f"| {text} | " + " | ".join(f"{found[n]['wall'][key] * 100:.1f}%" for n in names) + " |"
+        )
+    return lines

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.breakdown import CPU_PARTS, WALL_PARTS
+from benchmarks.breakdown import profile_tables
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate
 
@@ -345,58 +345,6 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _profile_tables(report: dict[str, Any]) -> list[str]:
-    """The profile round: GIL time per message by part, callback threads' time by part."""
-    profiled = {
-        name: run
-        for name, run in report.get("profiled", {}).items()
-        if run.get("breakdown") is not None
-    }
-    if not profiled:
-        return []
-    names = list(profiled)
-    head = "| | " + " | ".join(f"`{n}`" for n in names) + " |"
-    rule = "| --- |" + " ---: |" * len(names)
-    found = {n: profiled[n]["breakdown"] for n in names}
-    lines = [
-        "One more run of each scenario below, after the repeats, with py-spy attached "
-        "(100 samples a second, not counted in the figures above; the sampling slows the "
-        "consumer a little). Raw profiles: `docs/profiles/` (`python -m benchmarks.profile "
-        "docs/profiles wrapped-1-cpu`). GIL: only samples that hold it, 10 ms each, per "
-        "message; gRPC's C threads that never take it are in the consumer's CPU, not here.",
-        "",
-        "GIL held, ms per message (CPU profile):",
-        "",
-        head,
-        rule,
-    ]
-    for key, text, _ in CPU_PARTS:
-        lines.append(
-            f"| {text} | " + " | ".join(f"{found[n]['cpu'][key]:.2f}" for n in names) + " |"
-        )
-    lines.append(
-        "| **GIL in all** | "
-        + " | ".join(f"**{found[n]['cpu']['total']:.2f}**" for n in names)
-        + " |"
-    )
-    lines.append(
-        "| consumer CPU in this run (all threads) | "
-        + " | ".join(f"{consumer_cpu_ms(profiled[n]):.2f}" for n in names)
-        + " |"
-    )
-    lines.append(
-        "| msg/s in this run | "
-        + " | ".join(f"{backlog(profiled[n])['msgs_per_s']:,.0f}" for n in names)
-        + " |"
-    )
-    lines += ["", "Callback threads' time (wall profile):", "", head, rule]
-    for key, text, _ in WALL_PARTS:
-        lines.append(
-            f"| {text} | " + " | ".join(f"{found[n]['wall'][key] * 100:.1f}%" for n in names) + " |"
-        )
-    return lines
-
-
 def render_markdown(report: dict[str, Any]) -> str:
     """The generated section: settings, targets, the tables, stalls, the plot."""
     report["targets"] = evaluate(report)
@@ -416,7 +364,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             *versus,
         ]
-    profiles = _profile_tables(report)
+    profiles = profile_tables(report)
     if profiles:
         lines += ["", '<a id="profiles"></a>', "### Profiles of this session", "", *profiles]
     lines += [

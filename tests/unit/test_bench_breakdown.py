@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.breakdown import CPU_PARTS, WALL_PARTS, breakdown, classify
+from benchmarks.breakdown import CPU_PARTS, WALL_PARTS, breakdown, classify, profile_tables
 from benchmarks.profile import load
 from benchmarks.targets import stands
 
@@ -135,3 +135,26 @@ def test_what_stands_in_the_way_quotes_the_session_profiles() -> None:
     assert "against `stock-eod` 0.40 ms" in stands(report, "cpu")
     assert stands(report, "best").endswith("one process tops out near 625 msg/s")
     assert stands(report, "default") == "(no profile in this session)"
+
+
+def test_the_profile_tables_show_each_profiled_scenario_and_skip_a_missing_profile(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, "profile-wrapped-1-p0", "cpu", CPU, zipped=False)
+    _write(tmp_path, "profile-wrapped-1-p0", "wall", WALL, zipped=False)
+    found = breakdown(tmp_path, "profile-wrapped-1-p0", messages=100)
+    phases = {"backlog": {"consumer_cpu_s": [0.25], "messages": 100, "msgs_per_s": 1234.0}}
+    report = {
+        "profiled": {
+            "wrapped-1": {"breakdown": found, "phases": phases},
+            "stock-eod": {"breakdown": None, "phases": phases},  # py-spy wrote nothing
+        }
+    }
+    lines = profile_tables(report)
+    assert "| | `wrapped-1` |" in lines
+    assert not any("stock-eod" in line for line in lines)
+    assert "| **GIL in all** | **8.00** |" in lines
+    assert "| consumer CPU in this run (all threads) | 2.50 |" in lines
+    assert "| msg/s in this run | 1,234 |" in lines
+    assert "| the claim's write | 30.0% |" in lines
+    assert profile_tables({"profiled": {}}) == []
