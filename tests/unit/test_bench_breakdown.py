@@ -158,3 +158,19 @@ def test_the_profile_tables_show_each_profiled_scenario_and_skip_a_missing_profi
     assert "| msg/s in this run | 1,234 |" in lines
     assert "| the claim's write | 30.0% |" in lines
     assert profile_tables({"profiled": {}}) == []
+
+
+def test_run_defaults_are_bound_by_threads_not_slots() -> None:
+    """`run()` admits more messages than threads: its obstacle is the threads' callback time."""
+    row = {
+        "callback_mean_ms": 20.0,
+        "threads": 10,
+        "in_flight_limit": 20,
+        "msgs_per_s": {"median": 480.0},
+    }
+    report = {"profiled": {}, "summary": {"run-1": row}}
+    assert stands(report, "ten", "run-1") == (
+        "its 10 callback threads: 10 over a callback (the two writes) of 20.0 ms is 500 msg/s, "
+        "measured 480; its 20 slots are not the limit"
+    )
+    assert stands(report, "ten") == "(no profile in this session)"  # the fixed setup's own
