@@ -16,6 +16,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (``T``), or gone."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return True
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
 @dataclass
 class Worker:
     """A worker process; its log (JSON lines on stderr) goes to a file."""
@@ -31,7 +48,17 @@ class Worker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def pause(self) -> None:
+        """SIGSTOP, then wait until every thread is stopped: the signal is asynchronous.
+
+        Without the wait, a thread running on another core can take one more
+        step after ``pause`` returned (pass a gate the test opens next).
+        """
         os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not _stopped(self.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"process {self.pid} did not stop within 10 s")
+            time.sleep(0.002)
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
