@@ -62,7 +62,7 @@ def _in_file(part: str) -> Callable[[Stack], bool]:
 
 
 _CALLBACK = _has("ExactlyOnce.__call__", "_wrap_callback_errors")
-_WRAPPER = _has("ExactlyOnce.__call__")
+_WRAPPER = _has("ExactlyOnce.__call__", "DeliveryFlow._conclude_detached")  # or its completer
 _WRITES = _has(
     "WriteBatcher.submit",
     "create_write",
@@ -74,11 +74,9 @@ _WRITES = _has(
 
 def _handler_or_ack(stack: Stack) -> bool:
     """The handler's own work, its steps, the ack; for the stock callback, all of it."""
-    if not _CALLBACK(stack):
-        return False
-    if not _WRAPPER(stack):
-        return True
-    return _has("Job.step", "Message.ack")(stack) or _in_file("benchmarks/handlers")(stack)
+    if _WRAPPER(stack):
+        return _has("Job.step", "Message.ack")(stack) or _in_file("benchmarks/handlers")(stack)
+    return _CALLBACK(stack)
 
 
 Part = tuple[str, str, Callable[[Stack], bool]]

@@ -6,6 +6,11 @@ happened, :meth:`DeliveryFlow.carry_out` makes the write it needs (complete,
 release, fail) and decides again if that write fails, and
 :func:`~pubsub_worker.outcome.settle` acks, nacks, defers or drops. The ack
 is always the last thing done, after the job's record is durable.
+
+A handler that returned is concluded on the runtime's
+:class:`~pubsub_worker.completer.Completer` (:meth:`DeliveryFlow.conclude_later`)
+and its callback thread is free; the key stays held and the delivery
+tracked until the conclusion is done (:meth:`DeliveryFlow.end`).
 """
 
 from __future__ import annotations
@@ -36,8 +41,11 @@ _LOGGER = logging.getLogger("pubsub_worker")
 BUSY_WAIT_S = 10.0
 """How long a delivery polls another owner's live lease before it defers."""
 
-RunHandler = Callable[[Message, Job, Callable[[Happened], Decision]], None]
-"""Runs the user's handler for a claimed job; concludes the delivery through the callable."""
+RunHandler = Callable[
+    [Message, Job, Callable[[Happened], Decision], Callable[[Happened], None]], None
+]
+"""Runs the user's handler for a claimed job; concludes the delivery through the first
+callable (here, now) or the second (on the completer, for a handler that returned)."""
 
 _WRITE_PHASE = {
     Outcome.COMPLETE: Phase.COMPLETE,
@@ -61,8 +69,12 @@ class DeliveryFlow:
         ticket: Ticket,
         log: JobLogger,
         run_handler: RunHandler,
+        cleanup: Callable[[], None],
     ) -> None:
         self._run_handler = run_handler
+        self._cleanup = cleanup
+        self._gate_doc: str | None = None  # the key this delivery holds
+        self._detached = False  # the completer concludes and ends this delivery
         self._rt = rt
         self._message = message
         self._delivery = delivery
@@ -98,10 +110,44 @@ class DeliveryFlow:
         if not rt.gate.acquire(identity.doc_id, self._delivery, timeout_s=settings.lease_seconds):
             self.conclude(Happened(Phase.GATE))
             return
+        self._gate_doc = identity.doc_id
+        self._claim_and_run(identity, seen)
+
+    @property
+    def detached(self) -> bool:
+        """The completer concludes this delivery (its callback thread is done with it)."""
+        return self._detached
+
+    def end(self) -> None:
+        """The callback is done: give up the key and the delivery, unless the completer will."""
+        if not self._detached:
+            self._end()
+
+    def _end(self) -> None:
+        if self._gate_doc is not None:
+            self._rt.gate.release(self._gate_doc, self._delivery)
+            self._gate_doc = None
+        self._cleanup()
+
+    def conclude_later(self, happened: Happened) -> None:
+        """Conclude on the completer, which then ends the delivery; here once it is closed."""
+        if self.decision is not None:
+            return
+        self._detached = self._rt.completer.submit(lambda: self._conclude_detached(happened))
+        if not self._detached:
+            self.conclude(happened)
+
+    def _conclude_detached(self, happened: Happened) -> None:
         try:
-            self._claim_and_run(identity, seen)
+            self.conclude(happened)
+        except Exception as exc:  # noqa: BLE001 - as on a callback thread: a failed attempt
+            self._log.exception("unexpected error concluding the delivery")
+            try:
+                self.conclude(Happened(Phase.RUN, error=exc))
+            except Exception:  # noqa: BLE001 - the message comes back when its lease ends
+                self._log.exception("unexpected error concluding the delivery as failed")
         finally:
-            rt.gate.release(identity.doc_id, self._delivery)
+            self._end()
 
     def _claim_and_run(self, identity: JobIdentity, seen: bool) -> None:
         rt, message, settings = self._rt, self._message, self._rt.settings
@@ -171,7 +217,7 @@ class DeliveryFlow:
         if first.outcome is not Outcome.RUN:
             self.carry_out(first)
             return
-        self._run_handler(message, job, self.conclude)
+        self._run_handler(message, job, self.conclude, self.conclude_later)
 
     def conclude(self, happened: Happened) -> Decision:
         """Decide the outcome of what happened and carry it out; the first call wins."""

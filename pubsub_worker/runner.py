@@ -175,6 +175,10 @@ def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
     timer = threading.Timer(grace, wrapped.stop_jobs)
     timer.daemon = True
     timer.start()
+    # Acks must be sent before the stream closes: from now on each callback concludes its
+    # own delivery, and the conclusions already handed off are waited for.
+    if not wrapped.drain(grace):
+        _LOGGER.warning("conclusions still under way after %.0f s", grace)
     streaming.cancel()  # stops pulling; waits for callbacks (they still ack) before closing
     try:
         streaming.result(timeout=grace + _AFTER_GRACE_S)

@@ -22,6 +22,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from . import clients
+from .completer import Completer
 from .context import JobContext, Publish
 from .deliveries import DeliveryTracker, KeyGate
 from .errors import ConfigError, Unreachable
@@ -56,6 +57,8 @@ class Runtime:
     hooks: Hooks
     owner: str
     """This process's worker id: host/pid/random."""
+    completer: Completer
+    """Concludes deliveries whose handler returned, off their callback threads."""
     checked: bool = False
     """The subscription and failure topic were checked."""
 
@@ -130,6 +133,7 @@ def build(
         context=context,
         hooks=hooks,
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
+        completer=Completer(settings.max_messages),
     )
 
 

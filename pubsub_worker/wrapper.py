@@ -128,11 +128,33 @@ class ExactlyOnce:
             rt.keeper.start()
 
     def close(self) -> None:
-        """Stop the lease keeper and the event loop. In-flight callbacks should have ended."""
+        """Stop the lease keeper and the event loop. In-flight callbacks should have ended.
+
+        The conclusions under way (completion writes, then acks) are waited for first.
+        """
         with self._lock:
-            if self._runtime is not None:
-                self._runtime.keeper.stop()
+            rt = self._runtime
+        if rt is not None:
+            rt.completer.close()
+            rt.keeper.stop()
         self._loop.stop()
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Conclude every later delivery on its callback thread; wait for those handed off.
+
+        A job-style handler that returned is concluded (the completion's
+        write, then the ack) off its callback thread. Call this before
+        cancelling the subscriber's streaming-pull future, so that every ack
+        is sent before the stream closes; :func:`pubsub_worker.run` does.
+        False if ``timeout_s`` passed with conclusions still under way.
+        """
+        rt = self._runtime
+        return True if rt is None else rt.completer.close(timeout_s)
+
+    def wait_concluded(self, timeout_s: float | None = None) -> bool:
+        """Wait until the deliveries handed off so far are concluded (acked, nacked...)."""
+        rt = self._runtime
+        return True if rt is None else rt.completer.wait(timeout_s)
 
     def stop_jobs(self) -> None:
         """Ask in-flight jobs to stop at their next boundary; they are released, not acked."""
@@ -190,23 +212,37 @@ class ExactlyOnce:
             received_at=received_at,
             published_at=message.publish_time.timestamp(),
         )
-        handling = DeliveryFlow(rt, message, delivery, ticket, log, self.call_handler)
+
+        def cleanup() -> None:
+            rt.keeper.forget(ticket)
+            rt.tracker.forget(delivery)
+
+        handling = DeliveryFlow(rt, message, delivery, ticket, log, self.call_handler, cleanup)
         try:
             handling.run(seen)
         except Exception as exc:
             log.exception("unexpected error")
-            handling.conclude(Happened(Phase.RUN, error=exc))
+            if not handling.detached:
+                handling.conclude(Happened(Phase.RUN, error=exc))
         finally:
-            rt.keeper.forget(ticket)
-            rt.tracker.forget(delivery)
+            handling.end()
 
     def call_handler(
-        self, message: Message, job: Job, conclude: Callable[[Happened], Decision]
+        self,
+        message: Message,
+        job: Job,
+        conclude: Callable[[Happened], Decision],
+        conclude_later: Callable[[Happened], None],
     ) -> None:
-        """Run the wrapped handler for a claimed job and conclude the delivery."""
+        """Run the wrapped handler for a claimed job and conclude the delivery.
+
+        A job-style handler that returned is concluded on the completer
+        (``conclude_later``); a failure, and a callback-style handler (whose
+        ``ack_with_response`` future answers with the outcome), here.
+        """
         log = job_logger(_LOGGER, job.key, job.message_id)
         if self._async:
-            self._call_async(message, job, conclude, log)
+            self._call_async(message, job, conclude, conclude_later, log)
             return
         if self._legacy:
             proxy = MessageProxy(message, job, conclude, log)
@@ -222,13 +258,14 @@ class ExactlyOnce:
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             conclude(Happened(Phase.RUN, error=exc))
             return
-        conclude(Happened(Phase.RUN))
+        conclude_later(Happened(Phase.RUN))
 
     def _call_async(
         self,
         message: Message,
         job: Job,
         conclude: Callable[[Happened], Decision],
+        conclude_later: Callable[[Happened], None],
         log: JobLogger,
     ) -> None:
         """Run an ``async def`` handler on the loop; this thread waits, then concludes."""
@@ -247,7 +284,7 @@ class ExactlyOnce:
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             conclude(Happened(Phase.RUN, error=exc))
             return
-        conclude(Happened(Phase.RUN))
+        conclude_later(Happened(Phase.RUN))
 
 
 def exactly_once(

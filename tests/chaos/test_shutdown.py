@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from emulator import SubscriptionHandle
+from tests.chaos.conftest import LEASE_S
 from tests.support.gate import Gate
 from tests.support.observe import (
     acks,
+    assert_not_redelivered,
     deliveries,
     end_stale_streams,
     job_document,
@@ -94,3 +96,39 @@ def test_sigterm_mid_job_finishes_the_step_releases_the_job_and_exits_0(
     doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")
     assert (doc["status"], doc["epoch"], doc["attempts"]) == ("completed", 2, 1)
     assert step_epochs(doc) == {"a": 1, "b": 1, "c": 2}
+
+
+def test_sigterm_while_a_completion_waits_for_its_ack_sends_the_ack_before_the_stream_closes(
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    firestore_collection: str,
+    eod_subscription: SubscriptionHandle,
+    worker_env: dict[str, str],
+    effects: Effects,
+    workers: Any,
+) -> None:
+    """Shutdown window: the handler returned, its completion is durable, its ack not sent.
+
+    That conclusion runs on the completer, the callback thread already free.
+    SIGTERM then: ``run()`` drains the completer before it closes the
+    subscriber's stream, so the ack goes out on the open stream and is
+    answered; the message is acked once, never redelivered, the job ran once.
+    """
+    sub_path = eod_subscription.subscription_path
+    env = {**worker_env, "CHAOS_GATES": "before_ack", "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "10"}
+    worker = workers(env, "worker")
+    message_id = publisher.publish(eod_subscription.topic_path, b"payload", op="op-1").result()
+    gate = Gate(effects.path, "before_ack")
+    assert gate.wait_arrived() == worker.pid
+    doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")
+    assert doc["status"] == "completed"  # durable before the ack, as always
+    worker.process.send_signal(signal.SIGTERM)
+    worker.wait_for_log("in flight get 10 s")
+    gate.release()
+    assert worker.process.wait(timeout=30) == 0
+
+    assert acks(worker, message_id) == ["SUCCESS"]
+    assert nacks(worker, message_id) == 0
+    assert [runs(effects, step) for step in "abc"] == [[(worker.pid, 1)]] * 3
+    assert_not_redelivered(subscriber, sub_path, lease_s=LEASE_S)

@@ -24,8 +24,9 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_HEARTBEAT`` ``1``: a sleeping step calls ``job.heartbeat()`` every 0.2 s
 ``CHAOS_ASYNC``     ``1``: the ``async def`` version of the scenario (``steps``,
                     ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``legacy``)
-``CHAOS_GATES``     comma-separated points (``step:NAME``, or ``end`` after the last step of
-                    ``steps``) where this worker holds, once per
+``CHAOS_GATES``     comma-separated points (``step:NAME``, ``end`` after the last step of
+                    ``steps``, ``before_ack`` after the completion record, before the ack:
+                    on the completer, the callback thread free) where this worker holds, once per
                     test, until the test releases it (:mod:`tests.support.gate`)
 ``CHAOS_STORE``     ``plain`` (``FirestoreJobStore``) or ``batching``
                     (``BatchingFirestoreJobStore``) instead of the wrapper's default store, built
@@ -108,6 +109,8 @@ class ChaosHooks(Hooks):
 
     def before_ack(self, key: str | None, message_id: str) -> None:
         maybe_die("before_ack")
+        if "before_ack" in GATES:
+            gate.hold(EFFECTS, "before_ack")  # the completion is durable; the ack not sent
 
     def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
         if answer is not None:

@@ -294,6 +294,7 @@ class World:
 
     def deliver(self, message: FakeMessage) -> str:
         self.wrapped(message)
+        assert self.wrapped.wait_concluded(10)  # a returned handler concludes on the completer
         return message.outcome
 
     def record(self, key: str = "k") -> dict[str, Any]:

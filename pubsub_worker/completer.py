@@ -1,0 +1,86 @@
+"""Concludes deliveries off their callback threads: the completion's write, then the ack.
+
+A callback thread whose handler returned has nothing left to do but wait
+for the completion's write and send the ack. :class:`Completer` takes that
+tail (:meth:`DeliveryFlow.conclude_later
+<pubsub_worker.flow.DeliveryFlow.conclude_later>`), so the thread takes the
+next message: with the client's default flow control the 10 callback
+threads, not Firestore, are what limits a worker, and they spent about half
+their time on that write (``docs/benchmarks.md``).
+
+Nothing about the outcome changes: the completion is still durable before
+the ack, the job's key stays held and its lease watched until the ack is
+sent. Once closed (:meth:`close`, at shutdown) it takes nothing more and
+each delivery concludes on its own callback thread again, so that every ack
+is sent before the subscriber's stream closes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["Completer"]
+
+
+class Completer:
+    """A pool of ``threads`` that runs conclusions, and counts those under way. Thread-safe."""
+
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(threads, 1), thread_name_prefix="pubsub-worker-complete"
+        )
+        self._cond = threading.Condition()  # guards _pending and _closed
+        self._pending = 0
+        self._closed = False
+
+    def submit(self, conclusion: Callable[[], None]) -> bool:
+        """Run ``conclusion`` on the pool; False (nothing done) once closed: run it yourself.
+
+        It runs in a copy of the caller's context (``contextvars``): the
+        delivery's trace span and log context go with it.
+        """
+        with self._cond:
+            if self._closed:
+                return False
+            self._pending += 1
+        context = contextvars.copy_context()
+        try:
+            self._pool.submit(context.run, self._run, conclusion)
+        except RuntimeError:  # the pool shut down in between
+            self._done()
+            return False
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until no conclusion is under way; False if ``timeout_s`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Take nothing more; wait for the conclusions under way (False: some still are)."""
+        with self._cond:
+            self._closed = True
+        done = self.wait(timeout_s)
+        self._pool.shutdown(wait=done)
+        return done
+
+    @property
+    def pending(self) -> int:
+        """Conclusions submitted and not yet done."""
+        with self._cond:
+            return self._pending
+
+    def _run(self, conclusion: Callable[[], None]) -> None:
+        try:
+            conclusion()
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._cond:
+            self._pending -= 1
+            if self._pending == 0:
+                self._cond.notify_all()

@@ -1,0 +1,135 @@
+"""A returned handler concludes off its callback thread: the thread is free, the outcome alike."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import pubsub_worker
+from pubsub_worker import store as s
+from pubsub_worker.completer import Completer
+from tests.unit.test_outcome import FakeMessage, FlakyStore, World
+
+__all__ = ["held"]
+
+
+class HeldStore(FlakyStore):
+    """Holds every completion's write (an update to ``completed``) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.completing = threading.Event()
+
+    def update(self, doc_id: str, changes: s.Changes, *, expected: s.Version) -> s.Version:
+        if changes.get(("status",)) == "completed":
+            self.completing.set()
+            assert self.release.wait(10)
+        return super().update(doc_id, changes, expected=expected)
+
+
+def one_step(message: Any, job: pubsub_worker.Job) -> None:
+    job.step("a", lambda: 1)
+
+
+@pytest.fixture
+def held() -> Iterator[World]:
+    w = World(one_step, store=HeldStore())
+    yield w
+    assert isinstance(w.store, HeldStore)
+    w.store.release.set()
+    w.close()
+
+
+def _in_thread(call: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_callback_returns_before_the_completion_is_durable_and_acks_after(
+    held: World,
+) -> None:
+    store = held.store
+    assert isinstance(store, HeldStore)
+    message = FakeMessage(op="k")
+    callback = _in_thread(lambda: held.wrapped(message))
+    assert store.completing.wait(10)
+    callback.join(5)
+    assert not callback.is_alive()  # the thread is free while the completion's write waits
+    assert message.actions == []  # and nothing is acked before the record is durable
+    assert held.record()["status"] == "running"
+    store.release.set()
+    assert held.wrapped.wait_concluded(10)
+    assert message.outcome == "ack"
+    assert held.record()["status"] == "completed"
+
+
+def test_a_redelivery_waits_for_the_pending_completion_and_does_not_run_again(
+    held: World,
+) -> None:
+    store = held.store
+    assert isinstance(store, HeldStore)
+    runs: list[str] = []
+    original = FakeMessage(op="k")
+    held.wrapped._handler = lambda message, job: runs.append(job.step("a", lambda: "ran"))
+    _in_thread(lambda: held.wrapped(original)).join(10)
+    assert store.completing.wait(10)
+    again = FakeMessage(op="k")  # another message with the same key, while the first completes
+    second = _in_thread(lambda: held.wrapped(again))
+    time.sleep(0.3)
+    assert second.is_alive()  # it waits for the key, held until the first is concluded
+    store.release.set()
+    second.join(10)
+    assert held.wrapped.wait_concluded(10)
+    assert original.outcome == "ack"
+    assert again.outcome == "ack"
+    assert runs == ["ran"]  # the job ran once; the second delivery found it completed
+
+
+def test_after_drain_a_delivery_concludes_on_its_callback_thread(held: World) -> None:
+    store = held.store
+    assert isinstance(store, HeldStore)
+    store.release.set()
+    assert held.wrapped.drain(5)
+    message = FakeMessage(op="k")
+    held.wrapped(message)
+    assert message.outcome == "ack"  # concluded before the callback returned: no wait
+    assert held.wrapped.wait_concluded(0)
+
+
+def test_drain_waits_for_the_conclusions_under_way(held: World) -> None:
+    store = held.store
+    assert isinstance(store, HeldStore)
+    message = FakeMessage(op="k")
+    _in_thread(lambda: held.wrapped(message)).join(10)
+    assert store.completing.wait(10)
+    assert not held.wrapped.drain(0.2)  # the completion's write is still held
+    threading.Timer(0.2, store.release.set).start()
+    assert held.wrapped.drain(10)
+    assert message.outcome == "ack"
+
+
+def test_a_closed_completer_takes_nothing_and_says_so() -> None:
+    completer = Completer(2)
+    ran: list[int] = []
+    assert completer.submit(lambda: ran.append(1))
+    assert completer.close(5)
+    assert not completer.submit(lambda: ran.append(2))
+    assert ran == [1]
+    assert completer.pending == 0
+
+
+def test_a_conclusion_runs_in_the_submitters_context() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("the delivery's")
+    seen: list[str] = []
+    completer = Completer(1)
+    assert completer.submit(lambda: seen.append(var.get()))
+    assert completer.close(5)
+    assert seen == ["the delivery's"]
