@@ -228,16 +228,36 @@ def _gil(report: dict[str, Any], name: str) -> str | None:
     return None if found is None else f"{found['cpu']['total']:.2f}"
 
 
-def _threads(report: dict[str, Any], name: str) -> str | None:
-    """Callback threads, not slots, as the limit: threads over the callback's time."""
+def _slots(report: dict[str, Any], name: str) -> str | None:
+    """Flow-control slots as the limit: each held from receipt to the ack's answer."""
     row = report["summary"].get(name)
-    if not row or not row["callback_mean_ms"] or not row["threads"]:
+    if not row or not row["slot_mean_ms"] or not row["in_flight_limit"]:
         return None
-    bound = row["threads"] * 1000 / row["callback_mean_ms"]
+    limit = row["in_flight_limit"]
+    bound = limit * 1000 / row["slot_mean_ms"]
     return (
-        f"its {row['threads']} callback threads: {row['threads']} over a callback (the two "
-        f"writes) of {row['callback_mean_ms']:.1f} ms is {bound:,.0f} msg/s, measured "
-        f"{row['msgs_per_s']['median']:,.0f}; its {row['in_flight_limit']} slots are not the limit"
+        f"its {limit} flow-control slots, each held {row['slot_mean_ms']:.1f} ms from receipt "
+        f"to the ack's answer: at most {bound:,.0f} msg/s, measured "
+        f"{row['msgs_per_s']['median']:,.0f}"
+    )
+
+
+def _cores(report: dict[str, Any], name: str) -> str | None:
+    """The machine's cores as the limit: CPU per message, the consumers' and the emulators'."""
+    row = report["summary"].get(name)
+    cores = report.get("machine", {}).get("cpus")
+    if not row or not cores:
+        return None
+    cpu = row["cpu_ms_per_msg"]
+    parts = [cpu["consumer"], cpu["firestore_emulator"], cpu["pubsub_emulator"]]
+    if any(part is None for part in parts):
+        return None
+    total = sum(parts)
+    return (
+        f"the cores: `{name}` used {total:.2f} ms of CPU per message (consumers "
+        f"{cpu['consumer']:.2f}, emulators {cpu['firestore_emulator'] + cpu['pubsub_emulator']:.2f}"
+        f"), so {cores} cores allow at most {cores * 1000 / total:,.0f} msg/s; measured "
+        f"{row['msgs_per_s']['median']:,.0f} with the machine {row['machine_busy'] * 100:.0f}% busy"
     )
 
 
@@ -252,7 +272,9 @@ def stands(report: dict[str, Any], why: str, scenario: str | None = None) -> str
     if why == "default":
         text = _wall(report, "wrapped-1-default", (claim, complete, idle))
     elif why == "ten" and scenario == "run-1":
-        text = _threads(report, "run-1")
+        text = _slots(report, "run-1")
+    elif why == "fleet":
+        text = _cores(report, "wrapped-1-p4")
     elif why == "ten":
         text = _wall(report, "wrapped-1", (idle, claim, complete))
         if text:

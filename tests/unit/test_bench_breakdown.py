@@ -160,17 +160,26 @@ def test_the_profile_tables_show_each_profiled_scenario_and_skip_a_missing_profi
     assert profile_tables({"profiled": {}}) == []
 
 
-def test_run_defaults_are_bound_by_threads_not_slots() -> None:
-    """`run()` admits more messages than threads: its obstacle is the threads' callback time."""
-    row = {
-        "callback_mean_ms": 20.0,
-        "threads": 10,
-        "in_flight_limit": 20,
-        "msgs_per_s": {"median": 480.0},
-    }
+def test_run_defaults_are_bound_by_their_slots() -> None:
+    """`run()`'s slots are held from receipt to the ack's answer: their count over that time."""
+    row = {"slot_mean_ms": 40.0, "in_flight_limit": 20, "msgs_per_s": {"median": 450.0}}
     report = {"profiled": {}, "summary": {"run-1": row}}
     assert stands(report, "ten", "run-1") == (
-        "its 10 callback threads: 10 over a callback (the two writes) of 20.0 ms is 500 msg/s, "
-        "measured 480; its 20 slots are not the limit"
+        "its 20 flow-control slots, each held 40.0 ms from receipt to the ack's answer: "
+        "at most 500 msg/s, measured 450"
     )
     assert stands(report, "ten") == "(no profile in this session)"  # the fixed setup's own
+
+
+def test_a_fleet_that_stops_growing_names_the_cpu_the_cores_allow() -> None:
+    row = {
+        "cpu_ms_per_msg": {"consumer": 2.0, "firestore_emulator": 0.4, "pubsub_emulator": 0.1},
+        "msgs_per_s": {"median": 700.0},
+        "machine_busy": 0.89,
+    }
+    report = {"profiled": {}, "summary": {"wrapped-1-p4": row}, "machine": {"cpus": 2}}
+    assert stands(report, "fleet") == (
+        "the cores: `wrapped-1-p4` used 2.50 ms of CPU per message (consumers 2.00, "
+        "emulators 0.50), so 2 cores allow at most 800 msg/s; measured 700 with the machine "
+        "89% busy"
+    )
