@@ -2,8 +2,10 @@
 
 Subclass :class:`Hooks`, override what you need and pass an instance as
 ``exactly_once(handler, hooks=...)`` (or ``run(handler, hooks=...)``). Every
-method is called on the thread that handles the delivery, and must return
-quickly; an exception raised by a hook propagates like one raised at that
+method is called on the thread that handles the delivery at that point: the
+callback thread, or for a handler that returned, from its completion on, the
+completer's (``settled`` for an ack: where its answer arrives). Each must
+return quickly; an exception raised by a hook propagates like one raised at that
 point of the library (which is how tests inject failures). The default
 implementation does nothing.
 """
