@@ -69,10 +69,8 @@ class DeliveryFlow:
         ticket: Ticket,
         log: JobLogger,
         run_handler: RunHandler,
-        cleanup: Callable[[], None],
     ) -> None:
         self._run_handler = run_handler
-        self._cleanup = cleanup
         self._gate_doc: str | None = None  # the key this delivery holds
         self._detached = False  # the completer concludes and ends this delivery
         self._rt = rt
@@ -124,10 +122,12 @@ class DeliveryFlow:
             self._end()
 
     def _end(self) -> None:
+        rt = self._rt
         if self._gate_doc is not None:
-            self._rt.gate.release(self._gate_doc, self._delivery)
+            rt.gate.release(self._gate_doc, self._delivery)
             self._gate_doc = None
-        self._cleanup()
+        rt.keeper.forget(self._ticket)
+        rt.tracker.forget(self._delivery)
 
     def conclude_later(self, happened: Happened) -> None:
         """Conclude on the completer, which then ends the delivery; here once it is closed."""

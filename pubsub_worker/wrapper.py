@@ -212,12 +212,7 @@ class ExactlyOnce:
             received_at=received_at,
             published_at=message.publish_time.timestamp(),
         )
-
-        def cleanup() -> None:
-            rt.keeper.forget(ticket)
-            rt.tracker.forget(delivery)
-
-        handling = DeliveryFlow(rt, message, delivery, ticket, log, self.call_handler, cleanup)
+        handling = DeliveryFlow(rt, message, delivery, ticket, log, self.call_handler)
         try:
             handling.run(seen)
         except Exception as exc:

@@ -240,10 +240,9 @@ class WriteBatcher:
         """Send a popped batch, settle every write in it, free its slot."""
         try:
             self._send(batch)
-        except BaseException as exc:  # never leave a caller waiting
+        except BaseException as exc:  # never leave a caller waiting (settled ones stay)
             for write in batch:
-                if not write.settled:
-                    write.settle(None, exc)
+                write.settle(None, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:

@@ -12,8 +12,6 @@ next epoch, skips a and runs b and c. Every effect and record is counted.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -28,24 +26,12 @@ from tests.support.observe import (
     step_epochs,
     wait_until_let_go,
 )
-from tests.support.processes import ROOT, Effects
+from tests.support.processes import Effects, run_cli
 
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos]
 
 RELEASE_LEASE_S = 30
 """The frozen owner's lease: longer than the commands that release its job can take."""
-
-
-def pubsub_worker_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pubsub_worker.cli", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
@@ -75,11 +61,11 @@ def test_release_fences_a_frozen_owner_whose_commit_is_then_refused(
     gate.release()  # takes effect when the process is resumed
 
     env = {**os.environ, **worker_env}
-    shown = pubsub_worker_cli(env, "jobs", "show", "op-1")
+    shown = run_cli(env, "jobs", "show", "op-1")
     assert shown.returncode == 0, shown.stderr
     assert "status       running (epoch 1, attempts 1)" in shown.stdout
     assert f"/{owner.pid}/" in shown.stdout  # the owner: host/pid/random
-    released = pubsub_worker_cli(env, "jobs", "release", "op-1", "--epoch", "1")
+    released = run_cli(env, "jobs", "release", "op-1", "--epoch", "1")
     assert released.returncode == 0, released.stderr
     lines = released.stdout.splitlines()
     assert lines[0] == "released op-1: epoch 1 -> 2, status running -> released"

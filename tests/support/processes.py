@@ -33,6 +33,19 @@ def _stopped(pid: int) -> bool:
     return True
 
 
+def run_cli(env: Mapping[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pubsub_worker.cli ARGV`` with ``env``, bounded; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "pubsub_worker.cli", *argv],
+        cwd=ROOT,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 @dataclass
 class Worker:
     """A worker process; its log (JSON lines on stderr) goes to a file."""

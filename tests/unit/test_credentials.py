@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pubsub_worker import ConfigError, Settings
 from pubsub_worker.clients import firestore_client, publisher_client, subscriber_client
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import run_cli
 
 
 @pytest.fixture
@@ -49,23 +46,12 @@ def test_the_commands_exit_with_the_message(no_credentials: dict[str, str]) -> N
     env.update(no_credentials)
     env["PUBSUB_WORKER_SUBSCRIPTION"] = "projects/orders-demo/subscriptions/orders-worker"
 
-    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pubsub_worker.cli", *argv],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    done = cli("jobs", "list")
+    done = run_cli(env, "jobs", "list")
     assert done.returncode != 0
     assert "no Google Cloud credentials for" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     # ``config`` is the diagnostic: it prints the settings, with the credentials as a problem.
-    done = cli("config")
+    done = run_cli(env, "config")
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "PUBSUB_WORKER_SUBSCRIPTION" in done.stdout
