@@ -20,9 +20,11 @@ revoked, subscription deleted, a non-retryable error) only through its
 future; :class:`Health` holds that future and reads it on every probe, so a
 probe sees the failure the moment it happens.
 
-Needs ``prometheus-client`` (``pip install 'pubsub-worker[prometheus]'``)
-for ``/metrics``; health answers without it. The server is a
-``ThreadingHTTPServer`` in a named daemon thread; it serves nothing else.
+``/metrics`` needs ``prometheus-client`` (``pip install 'pubsub-worker[prometheus]'``).
+Without it the probes answer as above, ``/metrics`` answers 501 with that
+command as its body, and :meth:`MetricsServer.start` logs one warning saying
+so. The server is a ``ThreadingHTTPServer`` in a named daemon thread; it
+serves nothing else.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from typing import Any
 
 from .metrics import BUCKETS_S, Counter, Histogram, Metrics
 
-__all__ = ["DEFAULT_HOST", "Health", "MetricsServer", "prometheus_text"]
+__all__ = [
+    "DEFAULT_HOST",
+    "METRICS_UNAVAILABLE",
+    "Health",
+    "MetricsServer",
+    "prometheus_available",
+    "prometheus_text",
+]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -44,6 +53,9 @@ DEFAULT_HOST = "0.0.0.0"  # noqa: S104 - a probe or scraper reaches a container 
 """Where the endpoint listens by default: every interface, as Cloud Run and GKE probes need."""
 
 _INSTALL = "pip install 'pubsub-worker[prometheus]'"
+
+METRICS_UNAVAILABLE = f"/metrics needs prometheus-client: {_INSTALL}"
+"""What ``/metrics`` answers (status 501) when ``prometheus-client`` is not installed."""
 
 
 class Health:
@@ -153,6 +165,15 @@ class _Collector:
         yield from _families(self._metrics)
 
 
+def prometheus_available() -> bool:
+    """Whether ``prometheus-client`` can be imported, so that ``/metrics`` can answer."""
+    try:
+        import prometheus_client  # noqa: F401, PLC0415 - optional extra
+    except ImportError:
+        return False
+    return True
+
+
 def prometheus_text(metrics: Metrics) -> bytes:
     """``metrics`` in the Prometheus text exposition format.
 
@@ -162,7 +183,7 @@ def prometheus_text(metrics: Metrics) -> bytes:
     try:
         from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
     except ImportError as exc:
-        raise ImportError(f"/metrics needs prometheus-client: {_INSTALL}") from exc
+        raise ImportError(METRICS_UNAVAILABLE) from exc
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(metrics))
     return generate_latest(registry)
@@ -175,9 +196,10 @@ class MetricsServer:
     """``/metrics``, ``/livez`` (``/healthz``) and ``/readyz`` on ``host:port``.
 
     :attr:`metrics` is the worker's :class:`~pubsub_worker.Metrics` once it
-    built them (``/metrics`` answers 503 until then). Port 0 picks a free
-    port: :attr:`port` says which. :meth:`start` and :meth:`stop` are
-    idempotent.
+    built them (``/metrics`` answers 503 until then). Without
+    ``prometheus-client`` ``/metrics`` answers 501 (:data:`METRICS_UNAVAILABLE`)
+    and the probes answer all the same. Port 0 picks a free port:
+    :attr:`port` says which. :meth:`start` and :meth:`stop` are idempotent.
     """
 
     def __init__(
@@ -196,6 +218,8 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
         self._host = host
         self._port = port
+        # Looked up once: whether the extra is installed does not change while a worker runs.
+        self._exports = prometheus_available()
 
     @property
     def port(self) -> int:
@@ -218,7 +242,18 @@ class MetricsServer:
                 daemon=True,
             )
             self._thread.start()
-        _LOGGER.info("serving /metrics, /livez and /readyz on http://%s:%d", self._host, self.port)
+        if self._exports:
+            _LOGGER.info(
+                "serving /metrics, /livez and /readyz on http://%s:%d", self._host, self.port
+            )
+        else:
+            _LOGGER.warning(
+                "serving /livez and /readyz on http://%s:%d; /metrics answers 501, it needs "
+                "prometheus-client: %s",
+                self._host,
+                self.port,
+                _INSTALL,
+            )
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
@@ -240,6 +275,8 @@ class MetricsServer:
         if route == "/readyz":
             return _probe(*self.health.ready())
         if route == "/metrics":
+            if not self._exports:
+                return _text(501, METRICS_UNAVAILABLE + "\n")
             metrics = self.metrics
             if metrics is None:
                 return _text(503, "starting: no metrics yet\n")

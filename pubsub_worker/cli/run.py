@@ -2,7 +2,9 @@
 
 ``--processes N`` runs N copies of the command without it, supervised by
 :func:`pubsub_worker.runner.supervise`; with ``--metrics-port PORT``,
-process *i* serves on ``PORT + i``. On Cloud Run the shutdown grace
+process *i* serves on ``PORT + i``; without ``prometheus-client`` the
+endpoint still answers ``/livez`` and ``/readyz`` (``/metrics`` answers 501,
+:mod:`pubsub_worker.serve`). On Cloud Run the shutdown grace
 defaults to :data:`pubsub_worker.config_report.CLOUD_RUN_GRACE_S`.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import os
 import sys
@@ -53,10 +54,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             "(PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS overrides it)",
             cloud_run(os.environ),
             settings.shutdown_grace_seconds,
-        )
-    if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError(
-            "--metrics-port needs prometheus-client: pip install 'pubsub-worker[prometheus]'"
         )
     if args.processes > 1:
         return _run_processes(args, settings)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -15,9 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pubsub_worker
-from emulator import SubscriptionHandle
+from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import Counter
 from pubsub_worker.serve import Health, MetricsServer
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.emulator
 
@@ -163,3 +169,69 @@ def test_a_requested_stop_is_not_ready_and_still_alive() -> None:
     assert health.live() == (True, "ok")
     running.cancel()  # run() cancels the stream on a stop: not a failure
     assert health.live() == (True, "ok")
+
+
+WITHOUT_PROMETHEUS = """
+import sys
+sys.modules["prometheus_client"] = None  # import fails as if the extra were not installed
+from pubsub_worker.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_probes_answer_without_prometheus_client_and_metrics_says_what_to_install(
+    emulators: Emulators,
+    eod_subscription: SubscriptionHandle,
+    firestore_collection: str,
+    tmp_path: Any,
+) -> None:
+    """``pubsub-worker run --metrics-port`` without the extra: health only, one warning."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUBSUB_WORKER_")}
+    env.update(
+        emulators.env(),
+        PUBSUB_WORKER_SUBSCRIPTION=eod_subscription.subscription_path,
+        PUBSUB_WORKER_COLLECTION=firestore_collection,
+        PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS="2",
+        PUBSUB_WORKER_LOG_FORMAT="json",
+    )
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WITHOUT_PROMETHEUS,
+                "run",
+                "tests.support.worker:handle_steps",
+                "--metrics-port",
+                str(port),
+                "--metrics-host",
+                HOST,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: process.poll() is not None or _answers(port))
+        assert process.poll() is None, log_path.read_text()
+        wait_for(lambda: get(port, "/readyz") == (200, "ok\n"))
+        assert get(port, "/livez") == (200, "ok\n")
+        assert get(port, "/healthz") == (200, "ok\n")
+        assert get(port, "/metrics") == (
+            501,
+            "/metrics needs prometheus-client: pip install 'pubsub-worker[prometheus]'\n",
+        )
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert code == 0, records
+    warnings = [r["message"] for r in records if r["level"] == "WARNING"]
+    assert warnings == [
+        f"serving /livez and /readyz on http://{HOST}:{port}; /metrics answers 501, it needs "
+        "prometheus-client: pip install 'pubsub-worker[prometheus]'"
+    ]
