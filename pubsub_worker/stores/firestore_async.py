@@ -7,8 +7,10 @@ version must be the one expected (else
 :class:`~pubsub_worker.errors.VersionConflict`), ``fn`` may run again on
 contention, and the commit carries a ``write_id`` so a commit whose reply was
 lost is recognised by reading the document back. The async client is made
-once per store, on the worker's event loop, for the store's project (the
-emulator through ``FIRESTORE_EMULATOR_HOST``, as the sync client).
+once per store, on the worker's event loop, as a twin of the store's sync
+client (:func:`async_twin`): the same project, database, credentials,
+client options and emulator host, so the transaction reads and writes the
+very documents the store does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pubsub_worker.errors import StoreError, VersionConflict
 from pubsub_worker.store import WRITE_ID, Changes, Version
 from pubsub_worker.stores.firestore import FirestoreJobStore
 
-__all__ = ["transact_async"]
+__all__ = ["async_twin", "transact_async"]
 
 _CLIENTS: weakref.WeakKeyDictionary[FirestoreJobStore, firestore.AsyncClient] = (
     weakref.WeakKeyDictionary()
@@ -34,10 +36,29 @@ _CLIENTS: weakref.WeakKeyDictionary[FirestoreJobStore, firestore.AsyncClient] = 
 _MAX_ATTEMPTS = 5
 
 
+def async_twin(client: firestore.Client) -> firestore.AsyncClient:
+    """An async client talking to the same Firestore database as ``client``.
+
+    The project, database (a named one too, not only ``(default)``),
+    credentials, client info and options are ``client``'s, and so is the
+    emulator host it read from ``FIRESTORE_EMULATOR_HOST`` when it was made.
+    """
+    # The client library keeps these private; its own AsyncClient._to_sync_copy reads the same.
+    twin = firestore.AsyncClient(
+        project=client.project,
+        credentials=client._credentials,
+        database=client._database,
+        client_info=client._client_info,
+        client_options=client._client_options,
+    )
+    twin._emulator_host = client._emulator_host
+    return twin
+
+
 def _client(store: FirestoreJobStore) -> firestore.AsyncClient:
     client = _CLIENTS.get(store)
     if client is None:
-        client = firestore.AsyncClient(project=store.client.project)
+        client = async_twin(store.client)
         _CLIENTS[store] = client
     return client
 

@@ -9,11 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from google.cloud import firestore
 
 import pubsub_worker
-from emulator import SubscriptionHandle
+from emulator import Emulators, SubscriptionHandle, unique_id
 from pubsub_worker import Counter
 from pubsub_worker.aio import AsyncJob
+from pubsub_worker.keys import document_id
+from pubsub_worker.stores.firestore_async import async_twin
 
 JOBS = 40
 SLOW_S = 1.0
@@ -104,3 +107,65 @@ def test_many_async_jobs_await_a_slow_call_at_once(
     assert sorted(calls) == sorted(f"job-{n}" for n in range(JOBS))
     assert slow_server.served == JOBS
     assert slow_server.most >= JOBS // 2  # concurrent on one loop, not one at a time
+
+
+def test_an_async_transactional_step_commits_in_the_stores_named_database(
+    emulators: Emulators,
+    publisher: Any,
+    firestore_client: Any,
+    eod_subscription: SubscriptionHandle,
+    settings_for: Callable[..., pubsub_worker.Settings],
+    worker: Any,
+) -> None:
+    """The async transaction reads and writes the database the store's client names."""
+    database = unique_id("db")
+    named: Any = firestore.Client(project=emulators.project, database=database)
+    settings = settings_for(eod_subscription, key_attribute="op")
+    sink = unique_id("sink")
+    async_clients: list[firestore.AsyncClient] = []
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        if not async_clients:  # made on the worker's loop, like the handler's own I/O
+            async_clients.append(
+                firestore.AsyncClient(project=emulators.project, database=database)
+            )
+
+        async def write(transaction: Any) -> str:
+            transaction.set(async_clients[0].collection(sink).document(job.key), {"n": 1})
+            return "written"
+
+        assert await job.transactional_step("write", write) == "written"
+
+    wrapped = pubsub_worker.exactly_once(handle, settings=settings, firestore_client=named)
+    try:
+        with worker(wrapped, settings) as w:
+            publisher.publish(eod_subscription.topic_path, b"x", op="op-1").result()
+            w.wait_for(lambda: w.counter(Counter.COMPLETED) + w.counter(Counter.LOST_OWNERSHIP) > 0)
+            outcome = (w.counter(Counter.COMPLETED), w.counter(Counter.LOST_OWNERSHIP))
+
+        assert outcome == (1, 0)
+        doc_id = document_id(settings.subscription_path, "op-1")
+        job = named.collection(settings.collection).document(doc_id).get().to_dict()
+        assert (job["status"], job["epoch"], job["steps"]["write"]["epoch"]) == ("completed", 1, 1)
+        assert named.collection(sink).document("op-1").get().to_dict() == {"n": 1}
+        # Nothing went to the default database.
+        assert not firestore_client.collection(settings.collection).document(doc_id).get().exists
+        assert not firestore_client.collection(sink).document("op-1").get().exists
+    finally:
+        named.close()
+
+
+def test_the_async_twin_of_a_client_targets_its_server_database_and_credentials(
+    emulators: Emulators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made from the sync client, not from the environment (which may have changed since)."""
+    options = {"api_endpoint": "firestore.example.test:443"}
+    sync: Any = firestore.Client(project="p-twin", database="orders", client_options=options)
+    monkeypatch.delenv("FIRESTORE_EMULATOR_HOST", raising=False)
+
+    twin: Any = async_twin(sync)
+
+    assert (twin.project, twin._database_string) == ("p-twin", "projects/p-twin/databases/orders")
+    assert twin._target == sync._target == emulators.env()["FIRESTORE_EMULATOR_HOST"]
+    assert twin._credentials is sync._credentials
+    assert twin._client_options is sync._client_options
