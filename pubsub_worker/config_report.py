@@ -3,11 +3,12 @@
 :func:`effective_settings` lists every setting with its value and where it
 came from (the environment, the default, or a platform default), then the
 derived paths and the credentials in use. :func:`mask` hides secrets and
-URL passwords before anything is shown. :func:`platform_overrides` gives
-the defaults that differ on the platform the worker runs on: on Cloud Run
-(:func:`cloud_run`) the shutdown grace is :data:`CLOUD_RUN_GRACE_S`. The
-checks against Pub/Sub and Firestore are :mod:`pubsub_worker.config_check`.
-Nothing here does I/O.
+URL passwords before anything is shown. The platform defaults themselves
+(:func:`platform_overrides`: on Cloud Run, :func:`cloud_run`, the shutdown
+grace is :data:`CLOUD_RUN_GRACE_S`) live in :mod:`pubsub_worker.settings`,
+which :meth:`~pubsub_worker.settings.Settings.from_env` applies; they are
+re-exported here. The checks against Pub/Sub and Firestore are
+:mod:`pubsub_worker.config_check`. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from pydantic import SecretBytes, SecretStr
 
 from .errors import ConfigError
-from .settings import Settings, env_name
+from .settings import CLOUD_RUN_GRACE_S, Settings, cloud_run, env_name, platform_overrides
 
 __all__ = [
     "CLOUD_RUN_GRACE_S",
@@ -30,13 +31,6 @@ __all__ = [
     "mask",
     "platform_overrides",
 ]
-
-CLOUD_RUN_GRACE_S = 5.0
-"""``SHUTDOWN_GRACE_SECONDS`` on Cloud Run unless set: it sends SIGKILL 10 s after SIGTERM,
-and the rest of those 10 s is for jobs to reach a step boundary, be released and close."""
-
-_CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
-"""Variables Cloud Run sets in a worker pool, a service and a job."""
 
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|private", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*(?=@)", re.IGNORECASE)
@@ -53,22 +47,6 @@ class SettingRow:
     """``environment``, ``default``, or the reason of a platform default (``Cloud Run``)."""
 
 
-def cloud_run(environ: Mapping[str, str]) -> str | None:
-    """The Cloud Run marker variable set in ``environ``, or None off Cloud Run."""
-    return next((name for name in _CLOUD_RUN_MARKERS if environ.get(name)), None)
-
-
-def platform_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Defaults that differ on the platform the worker runs on; a set variable always wins.
-
-    On Cloud Run the shutdown grace is :data:`CLOUD_RUN_GRACE_S`, so that a
-    stop fits its 10 s SIGTERM window.
-    """
-    if cloud_run(environ) and env_name("shutdown_grace_seconds") not in environ:
-        return {"shutdown_grace_seconds": CLOUD_RUN_GRACE_S}
-    return {}
-
-
 def mask(name: str, value: Any) -> str:
     """``value`` as ``config`` may print it: secrets and URL passwords masked."""
     if value is None:
@@ -81,8 +59,13 @@ def mask(name: str, value: Any) -> str:
 def effective_settings(
     settings: Settings, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None
 ) -> list[SettingRow]:
-    """Every setting with its value and source, then the derived paths and credentials."""
-    overrides = overrides or {}
+    """Every setting with its value and source, then the derived paths and credentials.
+
+    ``overrides`` are the platform defaults in effect (a setting among them is
+    reported as ``<marker variable> default``); None: those of ``environ``, as
+    :meth:`Settings.from_env` applied them.
+    """
+    overrides = platform_overrides(environ) if overrides is None else overrides
     rows = []
     for field in type(settings).model_fields:
         variable = env_name(field)

@@ -5,12 +5,17 @@ client libraries read themselves (``GOOGLE_CLOUD_PROJECT``,
 ``PUBSUB_EMULATOR_HOST``, ``FIRESTORE_EMULATOR_HOST``). A bad value raises
 :class:`~pubsub_worker.errors.ConfigError` naming the variable and what it
 accepts; nothing here reads the environment at import time.
+
+:meth:`Settings.from_env` applies the defaults of the platform the worker
+runs on (:func:`platform_overrides`): on Cloud Run (:func:`cloud_run`) the
+shutdown grace is :data:`CLOUD_RUN_GRACE_S` unless its variable is set.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
@@ -21,9 +26,16 @@ from .errors import ConfigError
 LIBRARY_ATTRIBUTE_PREFIX = "pubsub_worker_"
 """Attributes the library sets on what it publishes start with this."""
 
-__all__ = ["ENV_PREFIX", "Settings"]
+__all__ = ["CLOUD_RUN_GRACE_S", "ENV_PREFIX", "Settings", "cloud_run", "platform_overrides"]
 
 ENV_PREFIX = "PUBSUB_WORKER_"
+
+CLOUD_RUN_GRACE_S = 5.0
+"""``SHUTDOWN_GRACE_SECONDS`` on Cloud Run unless set: it sends SIGKILL 10 s after SIGTERM,
+and the rest of those 10 s is for jobs to reach a step boundary, be released and close."""
+
+_CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
+"""Variables Cloud Run sets in a worker pool, a service and a job."""
 
 _RESOURCE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$")
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9\-:.]{1,61}[a-z0-9]$|^[a-z][a-z0-9\-]{0,4}$")
@@ -71,11 +83,29 @@ def env_name(field: str) -> str:
     return _UNPREFIXED.get(field, ENV_PREFIX + field.upper())
 
 
+def cloud_run(environ: Mapping[str, str]) -> str | None:
+    """The Cloud Run marker variable set in ``environ``, or None off Cloud Run."""
+    return next((name for name in _CLOUD_RUN_MARKERS if environ.get(name)), None)
+
+
+def platform_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Defaults that differ on the platform the worker runs on; a set variable always wins.
+
+    On Cloud Run the shutdown grace is :data:`CLOUD_RUN_GRACE_S` seconds, so
+    that a stop fits its 10 s SIGTERM window. Elsewhere: none.
+    """
+    if cloud_run(environ) and env_name("shutdown_grace_seconds") not in environ:
+        return {"shutdown_grace_seconds": CLOUD_RUN_GRACE_S}
+    return {}
+
+
 class Settings(BaseSettings):
     """Configuration of a worker, from ``PUBSUB_WORKER_*`` environment variables.
 
-    Build it with :meth:`from_env`; keyword arguments override the
-    environment. Instances are frozen. Durations are whole seconds and say so
+    Build it with :meth:`from_env`, which applies the platform's defaults
+    (:func:`platform_overrides`); keyword arguments override the environment.
+    Built directly, ``Settings(...)`` reads the environment but applies no
+    platform default. Instances are frozen. Durations are whole seconds and say so
     in their names.
     """
 
@@ -147,8 +177,11 @@ class Settings(BaseSettings):
     def from_env(cls, **overrides: Any) -> Settings:
         """Read the environment; ``overrides`` win over variables. Raises ``ConfigError``.
 
-        An unknown ``PUBSUB_WORKER_*`` variable is an error too: a typo must not
-        silently fall back to a default.
+        Where a variable is unset, the platform's default applies before the
+        library's (:func:`platform_overrides`: a shutdown grace of
+        :data:`CLOUD_RUN_GRACE_S` seconds on Cloud Run); a set variable or an
+        override wins over it. An unknown ``PUBSUB_WORKER_*`` variable is an
+        error too: a typo must not silently fall back to a default.
         """
         known = {env_name(name) for name in cls.model_fields}
         unknown = sorted(
@@ -158,7 +191,7 @@ class Settings(BaseSettings):
             raise ConfigError(
                 f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
-        return cls(**overrides)
+        return cls(**{**platform_overrides(os.environ), **overrides})
 
     # -- validation ---------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from pubsub_worker import clients
 from pubsub_worker.config_check import Check, Level, run_checks
-from pubsub_worker.config_report import effective_settings, platform_overrides
+from pubsub_worker.config_report import effective_settings
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.logs import printable
 from pubsub_worker.settings import Settings
@@ -25,12 +25,11 @@ __all__ = ["cmd_config"]
 def cmd_config(args: argparse.Namespace) -> int:
     """``config``: print the settings and the checks; 1 if any check found a problem."""
     try:
-        overrides = platform_overrides(os.environ)
-        settings = Settings.from_env(**overrides)
+        settings = Settings.from_env()  # with the platform's defaults, reported as such below
     except ConfigError as exc:
         checks = [Check("settings", Level.PROBLEM, str(exc))]
         return _print_config(args, [], checks)
-    rows = effective_settings(settings, os.environ, overrides)
+    rows = effective_settings(settings, os.environ)
     opened: list[Any] = []  # the clients' close methods are untyped; they release channels
     try:
         subscriber = clients.subscriber_client(settings)

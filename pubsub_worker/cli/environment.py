@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 from pubsub_worker import clients
-from pubsub_worker.config_report import platform_overrides
 from pubsub_worker.settings import Settings
 from pubsub_worker.stores import FirestoreJobStore
 
@@ -13,8 +10,8 @@ __all__ = ["job_store", "settings_from_env"]
 
 
 def settings_from_env() -> Settings:
-    """Settings from the environment, with the platform's defaults (Cloud Run's grace)."""
-    return Settings.from_env(**platform_overrides(os.environ))
+    """Settings from the environment; :meth:`Settings.from_env` applies Cloud Run's grace."""
+    return Settings.from_env()
 
 
 def job_store(settings: Settings) -> FirestoreJobStore:

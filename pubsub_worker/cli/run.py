@@ -5,7 +5,9 @@
 process *i* serves on ``PORT + i``; without ``prometheus-client`` the
 endpoint still answers ``/livez`` and ``/readyz`` (``/metrics`` answers 501,
 :mod:`pubsub_worker.serve`). On Cloud Run the shutdown grace
-defaults to :data:`pubsub_worker.config_report.CLOUD_RUN_GRACE_S`.
+defaults to :data:`pubsub_worker.settings.CLOUD_RUN_GRACE_S`
+(:meth:`~pubsub_worker.settings.Settings.from_env` applies it; this command
+logs it).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import sys
 import threading
 from typing import Any
 
-from pubsub_worker.config_report import cloud_run, platform_overrides
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.runner import run, supervise
-from pubsub_worker.settings import Settings
+from pubsub_worker.settings import Settings, cloud_run, platform_overrides
 
 __all__ = ["cmd_run"]
 

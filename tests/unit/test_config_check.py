@@ -105,9 +105,7 @@ def test_effective_settings_say_where_each_value_came_from() -> None:
     assert overrides == {"shutdown_grace_seconds": cr.CLOUD_RUN_GRACE_S}
     rows = {
         row.variable: row
-        for row in cr.effective_settings(
-            Settings(subscription=SUB, **overrides), environ, overrides
-        )
+        for row in cr.effective_settings(Settings(subscription=SUB, **overrides), environ)
     }
     assert rows["PUBSUB_WORKER_SUBSCRIPTION"].source == "environment"
     assert rows["PUBSUB_WORKER_LEASE_SECONDS"].source == "default"

@@ -1,13 +1,20 @@
 """Settings come from the environment; a bad value names the variable and what it accepts."""
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from pubsub_worker import ConfigError, Settings, flow_control
+from pubsub_worker import settings as settings_module
+
+CLOUD_RUN_MARKERS = ["CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB"]
 
 _VARS = [
     "GOOGLE_CLOUD_PROJECT",
     "PUBSUB_EMULATOR_HOST",
     "FIRESTORE_EMULATOR_HOST",
+    *CLOUD_RUN_MARKERS,
 ]
 
 
@@ -119,3 +126,43 @@ def test_run_admits_a_prefetched_message_per_thread_unless_told_otherwise() -> N
     assert flow_control(few).max_messages == 5
     none = Settings(project="demo-project", max_messages=4, prefetch_messages=0)
     assert flow_control(none).max_messages == 4
+
+
+@pytest.mark.parametrize("marker", CLOUD_RUN_MARKERS)
+def test_on_cloud_run_from_env_shortens_the_grace_to_fit_its_sigterm_window(
+    monkeypatch: pytest.MonkeyPatch, marker: str
+) -> None:
+    """What run() and exactly_once(...).start() read: no CLI needed for the platform default."""
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "projects/p1/subscriptions/jobs-worker")
+    monkeypatch.setenv(marker, "orders-worker")
+    assert Settings.from_env().shutdown_grace_seconds == 5
+
+
+def test_a_set_grace_or_an_override_wins_over_cloud_runs_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("K_SERVICE", "orders")
+    assert Settings.from_env(shutdown_grace_seconds=12).shutdown_grace_seconds == 12
+    monkeypatch.setenv("PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS", "8")
+    assert Settings.from_env().shutdown_grace_seconds == 8
+    assert Settings.from_env(shutdown_grace_seconds=0).shutdown_grace_seconds == 0
+
+
+def test_off_cloud_run_the_grace_is_the_librarys_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env().shutdown_grace_seconds == 30
+    monkeypatch.setenv("K_SERVICE", "")  # set but empty: not Cloud Run
+    assert Settings.from_env().shutdown_grace_seconds == 30
+    # Built directly, settings take no platform default.
+    monkeypatch.setenv("CLOUD_RUN_WORKER_POOL", "pool")
+    assert Settings().shutdown_grace_seconds == 30
+
+
+def test_settings_import_nothing_above_them() -> None:
+    """settings.py is at the bottom of the layers: config_report imports it, not the reverse."""
+    tree = ast.parse(Path(settings_module.__file__ or "").read_text())
+    internal = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    }
+    assert internal == {"errors"}
