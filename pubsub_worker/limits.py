@@ -21,6 +21,7 @@ limit                          value           applies to
 ``RESERVED_KEY_PREFIX``        ``goog``        no key may start with it
 ``MAX_MESSAGE_BYTES``          10,000,000      data + attribute keys + values
 ``MAX_DOCUMENT_BYTES``         1,048,576       one Firestore document
+``MAX_BATCH_WRITE_BYTES``      4,000,000       one BatchWrite the library sends
 =============================  ==============  ==============================
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_ATTRIBUTES",
     "MAX_ATTRIBUTE_KEY_BYTES",
     "MAX_ATTRIBUTE_VALUE_BYTES",
+    "MAX_BATCH_WRITE_BYTES",
     "MAX_DOCUMENT_BYTES",
     "MAX_MESSAGE_BYTES",
     "RESERVED_KEY_PREFIX",
@@ -64,6 +66,18 @@ RESERVED_KEY_PREFIX = "goog"
 
 MAX_DOCUMENT_BYTES = 1_048_576
 """Storage size of one Firestore document (1 MiB)."""
+
+MAX_BATCH_WRITE_BYTES = 4_000_000
+"""Serialized bytes of one ``BatchWrite`` request the batching store sends.
+
+Firestore refuses a request over 10 MiB (10,485,760 bytes), and with it every
+write it carries. The cap is well under that, and under the 4 MiB (4,194,304
+bytes) gRPC message limit of the Firestore emulator, which refuses a bigger
+request as ``RESOURCE_EXHAUSTED``: batches are the same size on the emulator as
+in production, so what runs in production is what the tests ran. A job
+document is at most ``MAX_DOCUMENT_BYTES``, so three of the largest fit in one
+request. A single write over the cap is still sent, alone.
+"""
 
 # A problem names the attribute it is about; keys are untrusted, so they are shown
 # clipped and through repr() (control characters escaped), never as raw text.

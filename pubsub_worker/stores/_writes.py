@@ -27,7 +27,7 @@ from google.cloud.firestore_v1.types import write as write_types
 
 from pubsub_worker.store import Changes
 
-__all__ = ["create_write", "set_timestamp", "update_write"]
+__all__ = ["create_write", "framed_bytes", "set_timestamp", "update_write"]
 
 _WRITE = write_types.Write.pb()
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -143,6 +143,16 @@ def update_write(name: str, changes: Changes, expected: datetime.datetime) -> An
         return write
     set_timestamp(write.current_document.update_time, expected, exact=True)
     return write
+
+
+def framed_bytes(payload_bytes: int) -> int:
+    """Bytes a length-delimited field of ``payload_bytes`` adds to a protobuf message.
+
+    Its tag (one byte: field numbers below 16, such as a ``BatchWriteRequest``'s
+    ``database`` and ``writes``), the length as a varint, and the payload: a
+    write ``w`` adds ``framed_bytes(w.ByteSize())`` to the request.
+    """
+    return 1 + max(1, (payload_bytes.bit_length() + 6) // 7) + payload_bytes
 
 
 def _single(writes: list[Any]) -> Any:

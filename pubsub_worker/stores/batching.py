@@ -5,11 +5,13 @@ Under load a worker has many jobs in flight, each waiting on its own claim
 queues those writes and sends them together in one ``BatchWrite`` RPC
 (group commit), at most ``max_in_flight`` batches at a time. A write that
 finds a batch slot free is sent at once by the thread that brings it, with
-whatever else is queued (at most ``max_batch`` writes); writes that arrive
-while every slot is busy wait for a flusher thread, which sends them in one
-batch as soon as a slot frees. At low load a batch holds one write and
-nothing waits for a timer or another thread (``linger_s`` holds each batch
-open longer, on a flusher: fewer RPCs, more latency).
+whatever else is queued (at most ``max_batch`` writes and ``max_batch_bytes``
+of serialized request, 4 MB by default: a request refused for its size, over
+10 MiB in production or 4 MiB on the emulator, fails every write in it);
+writes that arrive while every slot is busy wait for a flusher thread, which
+sends them in one batch as soon as a slot frees. At low load a batch holds
+one write and nothing waits for a timer or another thread (``linger_s`` holds
+each batch open longer, on a flusher: fewer RPCs, more latency).
 
 The semantics are those of :class:`~pubsub_worker.stores.firestore.FirestoreJobStore`,
 write by write. ``BatchWrite`` is not atomic: each write carries its own
@@ -57,8 +59,9 @@ from google.cloud.firestore_v1.types import firestore as firestore_types
 from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
 
 from pubsub_worker.errors import StoreError
+from pubsub_worker.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.store import WRITE_ID, Changes, Version
-from pubsub_worker.stores._writes import create_write, update_write
+from pubsub_worker.stores._writes import create_write, framed_bytes, update_write
 from pubsub_worker.stores.firestore import FirestoreJobStore
 
 __all__ = ["BatchingFirestoreJobStore", "WriteBatcher"]
@@ -114,6 +117,8 @@ class _Write:
     doc_path: str
     pb: Any
     """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
+    size: int
+    """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
     version: Version | None = None
     error: BaseException | None = None
     sent: bool = False
@@ -142,7 +147,12 @@ class WriteBatcher:
     At most ``max_in_flight`` batches are in flight: a write that finds a
     slot free is sent by its own thread; the others by up to
     ``max_in_flight`` flusher threads (started when a write has to wait,
-    ended when idle); ``rpc_timeout_s`` bounds each RPC. :meth:`submit`
+    ended when idle); ``rpc_timeout_s`` bounds each RPC. A batch holds at
+    most ``max_batch`` writes and at most ``max_batch_bytes`` bytes of
+    serialized ``BatchWriteRequest`` (1 to
+    :data:`~pubsub_worker.limits.MAX_BATCH_WRITE_BYTES`), except that a
+    single write larger than that is sent alone (Firestore's own limits
+    then refuse that write, and only it). :meth:`submit`
     blocks until its write's outcome is known and returns the new update
     time, or raises the write's own error as a
     :class:`google.api_core.exceptions.GoogleAPICallError`.
@@ -156,19 +166,25 @@ class WriteBatcher:
         max_batch: int = 100,
         max_in_flight: int = 2,
         linger_s: float = 0.0,
+        max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
     ) -> None:
         if not 1 <= max_batch <= MAX_BATCH_WRITES:
             raise ValueError(f"max_batch must be 1..{MAX_BATCH_WRITES}")
+        if not 1 <= max_batch_bytes <= MAX_BATCH_WRITE_BYTES:
+            raise ValueError(f"max_batch_bytes must be 1..{MAX_BATCH_WRITE_BYTES}")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._call, self._metadata = _batch_write_call(client)
         self._database: str = client._database_string
         self._rpc_timeout_s = rpc_timeout_s
         self._max_batch = max_batch
+        # What the writes of one batch may add to the request's own field (its database).
+        self._write_budget = max_batch_bytes - framed_bytes(len(self._database.encode()))
         self._max_in_flight = max_in_flight
         self._linger_s = linger_s
         self._cond = threading.Condition()  # guards everything below
         self._queue: deque[_Write] = deque()
+        self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
         self._busy_docs: set[str] = set()
         self._sending = 0  # batches in flight, at most max_in_flight
         self._threads: list[threading.Thread] = []
@@ -188,12 +204,14 @@ class WriteBatcher:
         rejected. A write still queued after the wait budget is withdrawn and
         ``ServiceUnavailable`` raised (it was never sent).
         """
-        write = _Write(write_pb.update.name, write_pb)
+        # Sized once, here, outside the lock (ByteSize() serializes the write).
+        write = _Write(write_pb.update.name, write_pb, framed_bytes(write_pb.ByteSize()))
         batch: list[_Write] = []
         with self._cond:
             if self._closed:
                 raise StoreError("the job store is closed")
             self._queue.append(write)
+            self._queued_bytes += write.size
             if self._linger_s == 0 and self._ready():
                 batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
             if self._queue:
@@ -205,6 +223,7 @@ class WriteBatcher:
             with self._cond:
                 if not write.sent:
                     self._queue.remove(write)
+                    self._queued_bytes -= write.size
                     raise gexc.ServiceUnavailable(  # type: ignore[no-untyped-call]
                         "the write waited too long for a batch"
                     )
@@ -283,7 +302,10 @@ class WriteBatcher:
                         return None
                 if self._linger_s > 0:
                     deadline = time.monotonic() + self._linger_s
-                    while len(self._queue) < self._max_batch:
+                    while (
+                        len(self._queue) < self._max_batch
+                        and self._queued_bytes < self._write_budget
+                    ):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
@@ -293,20 +315,35 @@ class WriteBatcher:
                     return batch
 
     def _pop_batch(self) -> list[_Write]:
-        """Up to ``max_batch`` queued writes, one per document, none to a busy document."""
+        """Queued writes for one request, in queue order; marks their documents busy.
+
+        At most ``max_batch`` writes, of at most ``max_batch_bytes`` with the
+        request's own field, one per document, none to a busy document. The
+        oldest write that can go is always taken, however big: a write over
+        the cap goes alone, and a write left for a later batch keeps its place.
+        """
         batch: list[_Write] = []
         docs: set[str] = set()
+        held: set[str] = set()  # documents of writes left for a later batch by their size
         kept: deque[_Write] = deque()
+        room = self._write_budget
         while self._queue and len(batch) < self._max_batch:
             write = self._queue.popleft()
-            if write.doc_path in docs or write.doc_path in self._busy_docs:
+            doc = write.doc_path
+            if doc in docs or doc in self._busy_docs or doc in held:
                 kept.append(write)  # one write per document per batch, in order
                 continue
-            docs.add(write.doc_path)
+            if batch and write.size > room:
+                kept.append(write)  # a later batch; its document's later writes stay behind it
+                held.add(doc)
+                continue
+            room -= write.size
+            docs.add(doc)
             write.sent = True
             batch.append(write)
         kept.extend(self._queue)
         self._queue = kept
+        self._queued_bytes -= self._write_budget - room
         self._busy_docs.update(docs)
         if batch:
             self._sending += 1
@@ -365,11 +402,11 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
 
     The store ``exactly_once`` builds by default. Same documents, same
     semantics, one write at a time as seen by each caller; ``get`` and
-    ``transact`` are the parent's. ``max_batch``, ``max_in_flight`` and
-    ``linger_s`` tune the :class:`WriteBatcher`. The defaults measured best:
-    two batches in flight match one at 10 jobs in flight and beat it at 30
-    (a big batch no longer waits for the one in flight); a linger cost more
-    latency than its fewer RPCs saved.
+    ``transact`` are the parent's. ``max_batch``, ``max_in_flight``,
+    ``linger_s`` and ``max_batch_bytes`` tune the :class:`WriteBatcher`.
+    The defaults measured best: two batches in flight match one at 10 jobs
+    in flight and beat it at 30 (a big batch no longer waits for the one in
+    flight); a linger cost more latency than its fewer RPCs saved.
     """
 
     def __init__(
@@ -382,6 +419,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         max_batch: int = 100,
         max_in_flight: int = 2,
         linger_s: float = 0.0,
+        max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
     ) -> None:
         super().__init__(
             client, collection, rpc_timeout_s=rpc_timeout_s, retry_deadline_s=retry_deadline_s
@@ -392,6 +430,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
             max_batch=max_batch,
             max_in_flight=max_in_flight,
             linger_s=linger_s,
+            max_batch_bytes=max_batch_bytes,
         )
 
     def close(self) -> None:

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
 import pytest
 from google.api_core import exceptions as gexc
+from google.cloud.firestore_v1.types import firestore as firestore_types
 
 from emulator import Emulators, TcpProxy
 from pubsub_worker.errors import StoreError
+from pubsub_worker.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.store import AlreadyExists, Version, VersionConflict
 from pubsub_worker.stores import batching
+from pubsub_worker.stores._writes import create_write, framed_bytes
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 pytestmark = pytest.mark.emulator
@@ -369,3 +372,175 @@ def test_batch_write_sends_the_metadata_of_the_generated_client(firestore_client
         ")", "%29"
     )
     assert "gccl/" in headers["x-goog-api-client"]
+
+
+# -- the byte cap -------------------------------------------------------------------------
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def _wait_until_queued(batcher: batching.WriteBatcher, count: int) -> None:
+    _wait_until(lambda: len(batcher._queue) == count, f"{count} writes are queued")
+
+
+def _recorded_requests(
+    batcher: batching.WriteBatcher, monkeypatch: pytest.MonkeyPatch, *, held_until_queued: int
+) -> list[tuple[int, list[str]]]:
+    """Every ``BatchWrite`` request the batcher sends: its serialized bytes, its documents' ids.
+
+    The first request is held until ``held_until_queued`` writes wait behind it,
+    so that (one batch in flight) they are all queued when it is answered.
+    """
+    sent: list[tuple[int, list[str]]] = []
+    call = batcher._call
+
+    def recorded(request: Any, **kwargs: Any) -> Any:
+        sent.append((request.ByteSize(), [w.update.name.rsplit("/", 1)[1] for w in request.writes]))
+        if len(sent) == 1:
+            _wait_until_queued(batcher, held_until_queued)
+        return call(request, **kwargs)
+
+    monkeypatch.setattr(batcher, "_call", recorded)
+    return sent
+
+
+def _queue_in_order(
+    pool: ThreadPoolExecutor, batcher: batching.WriteBatcher, calls: Sequence[Callable[[], T]]
+) -> list[Future[T]]:
+    """Start the calls one at a time, each once the one before is queued (a known order)."""
+    futures: list[Future[T]] = []
+    for call in calls:
+        queued = len(batcher._queue) + 1
+        futures.append(pool.submit(call))
+        _wait_until_queued(batcher, queued)
+    return futures
+
+
+def test_queued_writes_over_the_byte_cap_are_split_across_requests_each_under_it(
+    firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 writes of 250 KiB (5.1 MB) queued behind one in flight: no request over the cap."""
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
+    queued = 20
+    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=queued)
+    result = "r" * (250 * 1024)
+    try:
+        with ThreadPoolExecutor(queued + 1) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            _wait_until(lambda: len(sent) == 1, "the first write sent")
+            jobs = [
+                pool.submit(store.create, f"job-{i}", {"epoch": 1, "steps": {"s": result}})
+                for i in range(queued)
+            ]
+            versions = [job.result(timeout=60) for job in jobs]
+            first.result(timeout=60)
+        assert max(size for size, _ in sent) <= MAX_BATCH_WRITE_BYTES
+        # The first alone; then 15 writes of 256,1xx bytes fill 4 MB, and 5 remain.
+        assert [len(ids) for _, ids in sent] == [1, 15, 5]
+        assert sorted(i for _, ids in sent for i in ids) == sorted(
+            ["first", *(f"job-{i}" for i in range(queued))]
+        )
+        for i, version in enumerate(versions):
+            snap = store.get(f"job-{i}")
+            assert snap is not None
+            assert snap.version == version
+            assert snap.fields["steps"] == {"s": result}
+    finally:
+        store.close()
+
+
+def test_a_write_over_the_byte_cap_goes_alone_and_keeps_its_place(
+    firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes that fit go on without it; it goes next, alone; those that did not fit follow."""
+    cap = 64 * 1024
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, max_batch_bytes=cap
+    )
+    small, big = "s" * 10_000, "b" * 100_000
+    names = ["a0", "a1", "a2", "a3", "big", "b0", "b1", "b2", "b3"]
+    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=len(names))
+    try:
+        with ThreadPoolExecutor(len(names) + 1) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            _wait_until(lambda: len(sent) == 1, "the first write sent")
+            calls = [
+                partial(store.create, name, {"data": big if name == "big" else small})
+                for name in names
+            ]
+            futures = _queue_in_order(pool, store.batcher, calls)
+            versions = [future.result(timeout=30) for future in futures]
+            first.result(timeout=30)
+        # Six writes of 10 kB fit 64 KiB; the big one goes next, alone; then the last two.
+        assert [ids for _, ids in sent] == [
+            ["first"],
+            ["a0", "a1", "a2", "a3", "b0", "b1"],
+            ["big"],
+            ["b2", "b3"],
+        ]
+        assert [size <= cap for size, _ in sent] == [True, True, False, True]
+        for name, version in zip(names, versions, strict=True):
+            snap = store.get(name)
+            assert snap is not None
+            assert snap.version == version
+            assert snap.fields["data"] == (big if name == "big" else small)
+    finally:
+        store.close()
+
+
+def test_a_write_left_for_its_size_is_not_overtaken_by_a_later_write_to_its_document(
+    firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two creates of one document: the first queued wins, though it waited for room."""
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, max_batch_bytes=64 * 1024
+    )
+    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=3)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            _wait_until(lambda: len(sent) == 1, "the first write sent")
+            calls: list[Callable[[], Version]] = [
+                partial(store.create, "filler", {"data": "f" * 40_000}),
+                partial(store.create, "job", {"owner": "early", "data": "e" * 40_000}),
+                partial(store.create, "job", {"owner": "late"}),
+            ]
+            filler, early, late = _queue_in_order(pool, store.batcher, calls)
+            version = early.result(timeout=30)
+            with pytest.raises(AlreadyExists):
+                late.result(timeout=30)
+            filler.result(timeout=30)
+            first.result(timeout=30)
+        assert [ids for _, ids in sent] == [["first"], ["filler"], ["job"], ["job"]]
+        snap = store.get("job")
+        assert snap is not None
+        assert (snap.fields["owner"], snap.version) == ("early", version)
+    finally:
+        store.close()
+
+
+def test_the_byte_cap_counts_the_request_as_serialized() -> None:
+    """A request's bytes are its database field plus each write framed, across varint widths."""
+    request_type = firestore_types.BatchWriteRequest.pb()
+    database = "projects/p/databases/(default)"
+    writes = [
+        create_write(f"{database}/documents/c/d", {"s": "x" * length})
+        for length in (*range(0, 200), *range(16_250, 16_400), *range(2_097_030, 2_097_170, 7))
+    ]
+    sizes = {w.ByteSize() for w in writes}
+    assert {127, 128, 16_383, 16_384, 2_097_151, 2_097_152} & sizes  # widths 1 to 4 covered
+    for write in writes:
+        request = request_type(database=database, writes=[write, write])
+        expected = framed_bytes(len(database)) + 2 * framed_bytes(write.ByteSize())
+        assert request.ByteSize() == expected
+
+
+def test_a_byte_cap_over_productions_limit_is_refused(firestore_client: Any) -> None:
+    for cap in (0, MAX_BATCH_WRITE_BYTES + 1):
+        with pytest.raises(ValueError, match="max_batch_bytes"):
+            batching.WriteBatcher(firestore_client, max_batch_bytes=cap)
