@@ -10,6 +10,7 @@ check                  a problem (exit 1) when
 subscription           it does not exist, is a push subscription, or its topic was
                        deleted
 exactly-once delivery  it is off and ``ALLOW_AT_LEAST_ONCE`` is not set (a warning if set)
+message ordering       never: says whether it is on (``enable_message_ordering``)
 ack deadline           never: a warning when it differs from ``LEASE_SECONDS``
 retry policy           never: a hint when absent
 dead-letter policy     its topic does not exist; a warning when Pub/Sub could dead-letter
@@ -100,6 +101,7 @@ def subscription_checks(settings: Settings, subscription: Any) -> list[Check]:
     else:
         checks.append(Check("subscription", Level.OK, f"exists, on {subscription.topic}"))
     checks.append(_exactly_once(settings, bool(subscription.enable_exactly_once_delivery)))
+    checks.append(_ordering(bool(subscription.enable_message_ordering)))
     checks.append(_ack_deadline(settings, int(subscription.ack_deadline_seconds)))
     if pb.HasField("retry_policy"):
         policy = subscription.retry_policy
@@ -146,6 +148,19 @@ def _exactly_once(settings: Settings, enabled: bool) -> Check:
         f"off: the worker refuses to start (a stale ack would look like a real one); {fix}, "
         "or set PUBSUB_WORKER_ALLOW_AT_LEAST_ONCE=true",
     )
+
+
+def _ordering(enabled: bool) -> Check:
+    """Whether the subscription orders messages by ordering key: informational either way."""
+    if enabled:
+        return Check(
+            "message ordering",
+            Level.OK,
+            "on: messages that share an ordering key are delivered in publish order, and the "
+            "client hands the next one of a key to the worker only once the previous one was "
+            "acked or nacked",
+        )
+    return Check("message ordering", Level.OK, "off: messages are delivered in any order")
 
 
 def _ack_deadline(settings: Settings, deadline_s: int) -> Check:

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from emulator import Emulators, RetrySpec, SubscriptionHandle
+from emulator import (
+    Emulators,
+    RetrySpec,
+    SubscriptionHandle,
+    subscription_path,
+    topic_path,
+    unique_id,
+)
 from pubsub_worker.cli import main
 
 pytestmark = pytest.mark.emulator
@@ -55,6 +62,7 @@ def test_a_non_exactly_once_subscription_and_a_missing_failure_topic_are_problem
     assert findings(document) == {
         "subscription": "ok",
         "exactly-once delivery": "problem",
+        "message ordering": "ok",
         "ack deadline": "warning",
         "retry policy": "hint",
         "dead-letter policy": "ok",
@@ -115,6 +123,7 @@ def test_a_subscription_set_up_for_the_worker_passes_with_its_warnings(
     assert findings(document) == {
         "subscription": "ok",
         "exactly-once delivery": "ok",
+        "message ordering": "ok",
         "ack deadline": "ok",
         "retry policy": "ok",
         "dead-letter policy": "warning",  # 5 deliveries: not more than MAX_ATTEMPTS
@@ -180,3 +189,70 @@ def test_settings_that_do_not_parse_are_the_one_problem(
     (check,) = document["checks"]
     assert (check["check"], check["level"]) == ("settings", "problem")
     assert "PUBSUB_WORKER_LEASE_SECONDS" in check["detail"]
+
+
+def test_config_says_whether_the_subscription_orders_messages(
+    emulators: Emulators,
+    publisher: Any,
+    subscriber: Any,
+    make_subscription: Any,
+    firestore_collection: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Informational, next to exactly-once delivery: neither state is a problem."""
+    plain = make_subscription(exactly_once=True, ack_deadline_seconds=10)
+    topic = topic_path(emulators.project, unique_id("ordered"))
+    ordered = subscription_path(emulators.project, unique_id("ordered-sub"))
+    publisher.create_topic(request={"name": topic})
+    subscriber.create_subscription(
+        request={
+            "name": ordered,
+            "topic": topic,
+            "ack_deadline_seconds": 10,
+            "enable_exactly_once_delivery": True,
+            "enable_message_ordering": True,
+        }
+    )
+    seen = {}
+    try:
+        for path in (ordered, plain.subscription_path):
+            configure(
+                monkeypatch,
+                emulators,
+                PUBSUB_WORKER_SUBSCRIPTION=path,
+                PUBSUB_WORKER_COLLECTION=firestore_collection,
+                PUBSUB_WORKER_LEASE_SECONDS="10",
+            )
+            code, document = config_json(capsys)
+            names = [check["check"] for check in document["checks"]]
+            ordering = document["checks"][names.index("exactly-once delivery") + 1]
+            capsys.readouterr()
+            assert main(["config"]) == code
+            lines = capsys.readouterr().out.splitlines()
+            after = lines[lines.index("  OK       exactly-once delivery: on") + 1]
+            seen[path] = (code, document["problems"], ordering, after)
+    finally:
+        subscriber.delete_subscription(request={"subscription": ordered})
+        publisher.delete_topic(request={"topic": topic})
+
+    on = (
+        "on: messages that share an ordering key are delivered in publish order, and the "
+        "client hands the next one of a key to the worker only once the previous one was "
+        "acked or nacked"
+    )
+    off = "off: messages are delivered in any order"
+    assert seen == {
+        ordered: (
+            0,
+            0,
+            {"check": "message ordering", "level": "ok", "detail": on},
+            f"  OK       message ordering: {on}",
+        ),
+        plain.subscription_path: (
+            0,
+            0,
+            {"check": "message ordering", "level": "ok", "detail": off},
+            f"  OK       message ordering: {off}",
+        ),
+    }

@@ -42,6 +42,7 @@ def test_a_subscription_made_for_the_worker_has_no_findings() -> None:
     assert levels(checks) == {
         "subscription": cc.Level.OK,
         "exactly-once delivery": cc.Level.OK,
+        "message ordering": cc.Level.OK,
         "ack deadline": cc.Level.OK,
         "retry policy": cc.Level.OK,
         "dead-letter policy": cc.Level.OK,
@@ -70,6 +71,20 @@ def test_each_misfit_of_a_subscription_is_named_with_its_fix() -> None:
 
     allowed = cc.subscription_checks(settings(allow_at_least_once=True), subscription)
     assert levels(allowed)["exactly-once delivery"] is cc.Level.WARNING
+
+
+@pytest.mark.parametrize(("enabled", "said"), [(True, "on: "), (False, "off: ")])
+def test_message_ordering_is_reported_next_to_exactly_once_and_is_never_a_finding(
+    enabled: bool, said: str
+) -> None:
+    subscription = Subscription(
+        name=SUB, topic="projects/proj/topics/t", enable_message_ordering=enabled
+    )
+    checks = cc.subscription_checks(settings(allow_at_least_once=True), subscription)
+    names = [check.name for check in checks]
+    assert names[1:3] == ["exactly-once delivery", "message ordering"]
+    ordering = checks[2]
+    assert (ordering.level, ordering.detail.startswith(said)) == (cc.Level.OK, True)
 
 
 @pytest.mark.parametrize(
