@@ -44,7 +44,7 @@ from .limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from .logs import job_logger
 from .metrics import Counter, Metrics
 from .outbox import LIBRARY_ATTRIBUTE_PREFIX
-from .records import STEPS_BUDGET_BYTES
+from .records import STEPS_BUDGET_BYTES, encodable_text
 from .store import AlreadyExists, JobStore, Status
 
 __all__ = ["LEFT_OUT_ATTRIBUTE", "MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
@@ -124,7 +124,7 @@ class FailurePath:
         extra: dict[str, Any] = {
             s.ATTRIBUTES: json.dumps(kept, ensure_ascii=False),
             s.DATA: data if stored else None,
-            s.MESSAGE_ID: message_id,
+            s.MESSAGE_ID: encodable_text(message_id),
         }
         if left_out:
             extra[s.ERROR] = f"{error} ({left_out} original attribute(s) too large to keep)"
@@ -148,17 +148,19 @@ class FailurePath:
         attempts: int,
     ) -> dict[str, str] | None:
         """The failure message's attributes, within Pub/Sub's limits; None if it cannot fit."""
-        kept, left_out = fit_attributes(
-            {k: v for k, v in attributes.items() if not k.startswith(LIBRARY_ATTRIBUTE_PREFIX)},
-            reserved=_REVIEW_ATTRIBUTES,
-        )
+        originals = {
+            encodable_text(k): encodable_text(v)
+            for k, v in attributes.items()
+            if not k.startswith(LIBRARY_ATTRIBUTE_PREFIX)
+        }
+        kept, left_out = fit_attributes(originals, reserved=_REVIEW_ATTRIBUTES)
         dropped = len(attributes) - len(kept)
         review = {
             **kept,
-            LIBRARY_ATTRIBUTE_PREFIX + "reason": reason,
+            LIBRARY_ATTRIBUTE_PREFIX + "reason": _clip(reason),
             LIBRARY_ATTRIBUTE_PREFIX + "error": _clip(error),
             LIBRARY_ATTRIBUTE_PREFIX + "key": _clip(key if key is not None else ""),
-            LIBRARY_ATTRIBUTE_PREFIX + "message_id": message_id,
+            LIBRARY_ATTRIBUTE_PREFIX + "message_id": _clip(message_id),
             LIBRARY_ATTRIBUTE_PREFIX + "subscription": _clip(self._subscription),
             LIBRARY_ATTRIBUTE_PREFIX + "attempts": str(attempts),
         }
@@ -178,8 +180,8 @@ class FailurePath:
             s.STATUS: Status.FAILED.value,
             s.EPOCH: 0,
             s.ATTEMPTS: 0,
-            s.REASON: reason,
-            s.ERROR: error,
+            s.REASON: encodable_text(reason),
+            s.ERROR: encodable_text(error),
             s.FIRST_SEEN_AT: now,
             s.FAILED_AT: now,
             s.UPDATED_AT: now,
@@ -208,9 +210,15 @@ def _stored_attributes(attributes: Mapping[str, str]) -> tuple[dict[str, str], i
         if used + size > _MAX_STORED_ATTRIBUTES_BYTES:
             continue
         used += size
-        kept[display(name, 1500)] = display(value, 64 * 1024)
+        kept[_stored(name, 1500)] = _stored(value, 64 * 1024)
     return kept, len(attributes) - len(kept)
 
 
+def _stored(text: str, limit: int) -> str:
+    """``text`` escaped to valid UTF-8 (never dropped), then clipped to ``limit`` bytes."""
+    return display(encodable_text(text), limit)
+
+
 def _clip(text: str) -> str:
-    return display(text, MAX_ATTRIBUTE_VALUE_BYTES - 4)
+    """An attribute value of the failure message: escaped, within Pub/Sub's value limit."""
+    return _stored(text, MAX_ATTRIBUTE_VALUE_BYTES - 4)

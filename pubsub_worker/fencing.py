@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from . import store as s
 from .claim import now_utc
 from .errors import LostOwnership, StoreError, VersionConflict
+from .records import encodable_text
 from .store import JobRecord, JobStore, Status, TransactionalStore, Version
 from .stores.firestore import FirestoreJobStore
 from .stores.firestore_async import transact_async
@@ -90,6 +91,11 @@ class FencedDocument:
         with self._lock:
             return any(path[: len(prefix)] == prefix for path in self._pending)
 
+    @property
+    def written_at(self) -> float:
+        """``time.monotonic()`` of our last write (the claim's, at first): the lease's renewal."""
+        return self._last_write
+
     def lease_due(self) -> bool:
         """A third of a lease passed since our last write: a heartbeat should write."""
         return time.monotonic() - self._last_write > self._lease_s / 3
@@ -136,12 +142,16 @@ class FencedDocument:
         )
 
     def release(self, *, error: str | None, attempts: int) -> None:
-        """Give the job back (status ``released``) with ``attempts`` claims counted."""
+        """Give the job back (status ``released``) with ``attempts`` claims counted.
+
+        ``error`` is stored made valid UTF-8 (:func:`~pubsub_worker.records.encodable_text`):
+        an error text holding a lone surrogate would make the write fail every time.
+        """
         self.write(
             {
                 (s.STATUS,): Status.RELEASED.value,
                 (s.LEASE_EXPIRES_AT,): now_utc(),
-                (s.ERROR,): error,
+                (s.ERROR,): encodable_text(error) if error is not None else None,
                 (s.ATTEMPTS,): attempts,
             }
         )
@@ -149,17 +159,26 @@ class FencedDocument:
     def fail(
         self, *, reason: str, error: str, extra: Mapping[str, Any], retention_s: float
     ) -> None:
-        """The failed record of the failure path, with ``extra`` fields (the original message)."""
+        """The failed record of the failure path, with ``extra`` fields (the original message).
+
+        ``reason``, ``error`` and every text value of ``extra`` are stored made
+        valid UTF-8 (:func:`~pubsub_worker.records.encodable_text`).
+        """
         now = now_utc()
         changes: dict[tuple[str, ...], Any] = {
             (s.STATUS,): Status.FAILED.value,
-            (s.REASON,): reason,
-            (s.ERROR,): error,
+            (s.REASON,): encodable_text(reason),
+            (s.ERROR,): encodable_text(error),
             (s.FAILED_AT,): now,
             (s.LEASE_EXPIRES_AT,): None,
             (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
         }
-        changes.update({(name,): value for name, value in extra.items()})
+        changes.update(
+            {
+                (name,): encodable_text(value) if isinstance(value, str) else value
+                for name, value in extra.items()
+            }
+        )
         self.write(changes)
 
     def transact(

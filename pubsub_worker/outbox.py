@@ -23,6 +23,7 @@ from .errors import LimitExceeded, OutboxUnsent
 from .hooks import Hooks
 from .limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
 from .metrics import Counter, Metrics
+from .records import unencodable_at
 from .settings import LIBRARY_ATTRIBUTE_PREFIX
 from .store import OutboxEntry
 
@@ -58,10 +59,16 @@ def reserved_attribute(name: str, outbox_key_attribute: str) -> bool:
 
 
 def effect_key(key: str, step: str, index: int) -> str:
-    """``{key}:{step}:{index}``, escaped; hashed when it would not fit an attribute value."""
+    """``{key}:{step}:{index}``, escaped; hashed when it would not fit an attribute value.
+
+    Hashed too (``sha256:`` and 64 hex digits) when the key holds a lone
+    surrogate, which no attribute value can carry: the hash of its
+    ``surrogatepass`` bytes keeps two such keys apart, where escaping the
+    surrogate could make one meet a key that holds that escape as text.
+    """
     text = f"{escape(key)}:{escape(step)}:{index}"
     raw = text.encode("utf-8", "surrogatepass")
-    if len(raw) > MAX_ATTRIBUTE_VALUE_BYTES:
+    if len(raw) > MAX_ATTRIBUTE_VALUE_BYTES or unencodable_at(text) is not None:
         return "sha256:" + hashlib.sha256(raw).hexdigest()
     return text
 
@@ -81,8 +88,13 @@ def check_outgoing(outgoing: Outgoing, outbox_key_attribute: str) -> None:
     Checked when ``job.publish()`` is called, so the mistake surfaces in the
     step that made it, with the stamped attributes counted against Pub/Sub's
     limits (a limit error after the commit would leave an entry that can
-    never be sent).
+    never be sent). A topic, attribute key or attribute value that is not
+    valid UTF-8 (a lone surrogate, as ``os.fsdecode`` makes of undecodable
+    bytes) is refused too, never changed: Firestore could not store the
+    entry nor Pub/Sub carry the message, and the consumer would not get what
+    was published.
     """
+    _check_encodable(outgoing)
     if len(outgoing.data) > MAX_OUTBOX_DATA_BYTES:
         raise LimitExceeded(
             f"outbox messages are limited to {MAX_OUTBOX_DATA_BYTES} bytes of data "
@@ -96,6 +108,26 @@ def check_outgoing(outgoing: Outgoing, outbox_key_attribute: str) -> None:
         )
     stamped = {**outgoing.attributes, outbox_key_attribute: "x", STEP_ATTRIBUTE: "x"}
     check_message(outgoing.data, stamped)
+
+
+def _check_encodable(outgoing: Outgoing) -> None:
+    texts = [("topic", outgoing.topic)]
+    for name, value in outgoing.attributes.items():
+        texts += [("attribute key", name), (f"value of attribute {_shown(name)}", value)]
+    for what, text in texts:
+        at = unencodable_at(text)
+        if at is not None:
+            raise LimitExceeded(
+                f"outbox message: {what} {_shown(text)} is not valid UTF-8 (a lone surrogate at "
+                f"index {at}, as os.fsdecode makes of undecodable bytes); Pub/Sub and "
+                "Firestore refuse it: encode the text first, e.g. "
+                "text.encode('utf-8', 'backslashreplace').decode()"
+            )
+
+
+def _shown(text: str, chars: int = 40) -> str:
+    """``text`` for an error message: through ``repr`` (surrogates escaped), clipped."""
+    return repr(text[:chars]) + ("…" if len(text) > chars else "")
 
 
 def entry_changes(

@@ -5,6 +5,17 @@ empty field names and integers beyond 64 bits; a result must come back
 exactly as it went in), at most :data:`MAX_RESULT_BYTES`. Step records and
 outbox entries of one job share :data:`STEPS_BUDGET_BYTES`; the rest of
 Firestore's 1 MiB is kept for the job's own fields and a failed record.
+
+**Text that is not valid UTF-8.** Firestore strings and Pub/Sub attributes
+must be valid UTF-8, and a Python ``str`` need not be: ``os.fsdecode`` of a
+non-UTF-8 file name holds lone surrogates (``"\\udcff"``). A write or publish
+holding one fails whole, every time, so text the library did not make itself
+(an error message, a reason, an original attribute) goes through
+:func:`encodable_text` where it is written: each lone surrogate becomes the
+visible escape ``\\udcff``, nothing is dropped. Names that identify
+something (a step name, a user's own outbox message) are refused instead
+(:func:`check_step_name`, :func:`pubsub_worker.outbox.check_outgoing`):
+escaping them would change what they name.
 """
 
 from __future__ import annotations
@@ -28,7 +39,9 @@ __all__ = [
     "StepRecorder",
     "TransactionParts",
     "check_step_name",
+    "encodable_text",
     "encode",
+    "unencodable_at",
 ]
 
 MAX_STEP_NAME_BYTES = 256
@@ -92,12 +105,53 @@ def entry_bytes(entry: OutboxEntry) -> int:
     return len(entry.data) + attributes + len(entry.topic) + 2 * _ENTRY_OVERHEAD_BYTES
 
 
+def encodable_text(text: str) -> str:
+    """``text`` as valid UTF-8: each lone surrogate becomes the visible text ``\\udcff``.
+
+    Everything else is unchanged (valid text is returned as it is), so the
+    result can be stored in Firestore and sent as a Pub/Sub attribute, and
+    applying it twice changes nothing more. The escaped text is 6 bytes per
+    surrogate where the original was 3 (``surrogatepass``): a caller with a
+    byte limit clips after escaping.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def unencodable_at(text: str) -> int | None:
+    """Index of the first character of ``text`` that UTF-8 cannot encode (a lone surrogate)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def check_step_name(name: str) -> None:
-    """``ValueError`` unless ``name`` is a non-empty string of at most 256 bytes."""
+    """``ValueError`` unless ``name`` is a non-empty string of at most 256 UTF-8 bytes.
+
+    A name holding a lone surrogate is refused: it names the step's record in
+    the job document, which Firestore would refuse, and escaping it would
+    name another step.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("a step name is a non-empty string")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_STEP_NAME_BYTES:
         raise ValueError(f"step names are at most {MAX_STEP_NAME_BYTES} bytes")
+    at = unencodable_at(name)
+    if at is not None:
+        raise ValueError(
+            f"step name {name!r} is not valid UTF-8 (a lone surrogate at index {at}, as "
+            "os.fsdecode makes of undecodable bytes); Firestore cannot store it: "
+            "escape it, e.g. name.encode('utf-8', 'backslashreplace').decode()"
+        )
 
 
 def encode(step: str, value: Any) -> str:

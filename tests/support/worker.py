@@ -12,7 +12,9 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     ``legacy_steps`` (the same, running steps a, b, c through ``message.job``),
                     ``outbox_swallow`` (like ``outbox``, swallowing every error of its step),
                     ``publish_outside`` (``job.publish()`` outside any step),
-                    ``big`` (``CHAOS_STEPS`` steps ``s1``.. of ``CHAOS_RESULT_BYTES`` each)
+                    ``big`` (``CHAOS_STEPS`` steps ``s1``.. of ``CHAOS_RESULT_BYTES`` each),
+                    ``permanent_surrogate`` / ``fail_surrogate`` (``PermanentError`` / a plain
+                    error whose message holds a file name with a lone surrogate)
 ``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point
                     (through the library's :class:`~pubsub_worker.hooks.Hooks`):
                     ``step:NAME`` inside step NAME; ``before_ack`` after the completion
@@ -266,6 +268,20 @@ def handle_legacy(message: Any) -> None:
     message.ack()
 
 
+BAD_FILE_NAME = os.fsdecode(b"report-\xff.csv")
+"""A file name as ``os.fsdecode`` gives it for undecodable bytes: a lone surrogate."""
+
+
+def handle_permanent_surrogate(message: Any, job: pubsub_worker.Job) -> None:
+    effect("attempt", job.key, job.epoch, attempt=job.attempt)
+    raise pubsub_worker.PermanentError(f"bad file {BAD_FILE_NAME}")
+
+
+def handle_fail_surrogate(message: Any, job: pubsub_worker.Job) -> None:
+    effect("attempt", job.key, job.epoch, attempt=job.attempt)
+    raise RuntimeError(f"bad file {BAD_FILE_NAME}")
+
+
 HANDLERS: dict[str, Callable[..., None]] = {
     "steps": handle_steps,
     "always_fail": handle_always_fail,
@@ -278,6 +294,8 @@ HANDLERS: dict[str, Callable[..., None]] = {
     "outbox_swallow": handle_outbox_swallow,
     "publish_outside": handle_publish_outside,
     "big": handle_big,
+    "permanent_surrogate": handle_permanent_surrogate,
+    "fail_surrogate": handle_fail_surrogate,
 }
 
 
