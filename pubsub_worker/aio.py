@@ -222,6 +222,11 @@ class AsyncJob:
         """Commit and publish what :meth:`publish` queued outside any step."""
         await self._flush()
 
+    def take_queued(self) -> list[Outgoing]:
+        """What :meth:`publish` queued outside any step, handed over (for the job to commit)."""
+        queued, self._deferred = self._deferred, []
+        return queued
+
     async def _flush(self) -> None:
         while self._deferred:
             outgoing = self._deferred.pop(0)

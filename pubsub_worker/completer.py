@@ -12,7 +12,12 @@ Nothing about the outcome changes: the completion is still durable before
 the ack, the job's key stays held and its lease watched until the ack is
 sent. Once closed (:meth:`close`, at shutdown) it takes nothing more and
 each delivery concludes on its own callback thread again, so that every ack
-is sent before the subscriber's stream closes.
+is sent before the subscriber's stream closes; :meth:`reopen` (a worker
+started again) takes conclusions again.
+
+It also counts the deliveries an existing callback handed to its own threads
+(:meth:`hold`): they are concluded by the ``ack()`` or ``nack()`` that comes
+later, and :meth:`close` waits for them too.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ class Completer:
     """A pool of ``threads`` that runs conclusions, and counts those under way. Thread-safe."""
 
     def __init__(self, threads: int) -> None:
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(threads, 1), thread_name_prefix="pubsub-worker-complete"
-        )
-        self._cond = threading.Condition()  # guards _pending and _closed
+        self._threads = max(threads, 1)
+        self._pool = self._new_pool()
+        self._cond = threading.Condition()  # guards _pending, _closed and _pool
         self._pending = 0
         self._closed = False
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            max_workers=self._threads, thread_name_prefix="pubsub-worker-complete"
+        )
 
     def submit(self, conclusion: Callable[[], None]) -> bool:
         """Run ``conclusion`` on the pool; False (nothing done) once closed: run it yourself.
@@ -48,7 +57,9 @@ class Completer:
             self._pending += 1
         context = contextvars.copy_context()
         try:
-            self._pool.submit(context.run, self._run, conclusion)
+            with self._cond:
+                pool = self._pool
+            pool.submit(context.run, self._run, conclusion)
         except RuntimeError:  # the pool shut down in between
             self._done()
             return False
@@ -59,13 +70,30 @@ class Completer:
         with self._cond:
             return self._cond.wait_for(lambda: self._pending == 0, timeout_s)
 
+    def hold(self) -> None:
+        """Count a delivery held by the user's own threads until :meth:`unhold` (even closed)."""
+        with self._cond:
+            self._pending += 1
+
+    def unhold(self) -> None:
+        """The held delivery was concluded."""
+        self._done()
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Take nothing more; wait for the conclusions under way (False: some still are)."""
         with self._cond:
             self._closed = True
+            pool = self._pool
         done = self.wait(timeout_s)
-        self._pool.shutdown(wait=done)
+        pool.shutdown(wait=done)
         return done
+
+    def reopen(self) -> None:
+        """Take conclusions again after :meth:`close` (a worker started again); idempotent."""
+        with self._cond:
+            if self._closed:
+                self._pool = self._new_pool()
+                self._closed = False
 
     @property
     def pending(self) -> int:

@@ -10,13 +10,18 @@ is always the last thing done, after the job's record is durable.
 A handler that returned is concluded on the runtime's
 :class:`~pubsub_worker.completer.Completer` (:meth:`DeliveryFlow.conclude_later`)
 and its callback thread is free; the key stays held and the delivery
-tracked until the conclusion is done (:meth:`DeliveryFlow.end`).
+tracked until the conclusion is done (:meth:`DeliveryFlow.end`). A delivery
+whose callback handed the message to its own threads is *held*
+(:meth:`DeliveryFlow.hold`) until their ``ack()`` or ``nack()``; whoever
+concludes a detached delivery ends it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -24,13 +29,13 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from .claim import ClaimKind, ClaimRequest, claim
 from .deliveries import Delivery
-from .errors import ConfigError, LostOwnership
+from .errors import ConfigError, LostOwnership, ProcessingTimeout, ShuttingDown
 from .job import Job
 from .keys import JobIdentity, derive_identity
 from .lease import Ticket
 from .logs import JobLogger, job_logger
 from .metrics import Counter, Histogram
-from .outcome import Decision, Happened, Outcome, Phase, decide, settle
+from .outcome import Decision, Happened, Outcome, Phase, Settled, decide, settle
 from .runtime import Runtime
 from .tracing import DeliveryTrace
 
@@ -41,11 +46,10 @@ _LOGGER = logging.getLogger("pubsub_worker")
 BUSY_WAIT_S = 10.0
 """How long a delivery polls another owner's live lease before it defers."""
 
-RunHandler = Callable[
-    [Message, Job, Callable[[Happened], Decision], Callable[[Happened], None]], None
-]
-"""Runs the user's handler for a claimed job; concludes the delivery through the first
-callable (here, now) or the second (on the completer, for a handler that returned)."""
+RunHandler = Callable[[Message, Job, "DeliveryFlow"], None]
+"""Runs the user's handler for a claimed job and concludes the delivery through the flow:
+``conclude`` (here, now), ``conclude_later`` (on the completer, for a handler that
+returned) or ``hold`` (the message handed to the user's own threads)."""
 
 _WRITE_PHASE = {
     Outcome.COMPLETE: Phase.COMPLETE,
@@ -72,7 +76,11 @@ class DeliveryFlow:
     ) -> None:
         self._run_handler = run_handler
         self._gate_doc: str | None = None  # the key this delivery holds
-        self._detached = False  # the completer concludes and ends this delivery
+        self._lock = threading.RLock()  # held while concluding: the first conclusion wins
+        self._state = threading.Lock()  # guards _detached, _held, _ended (never held for I/O)
+        self._detached = False  # whoever concludes this delivery ends it, not the callback
+        self._held = False  # the user's own threads hold the message (counted by the completer)
+        self._ended = False
         self._rt = rt
         self._message = message
         self._delivery = delivery
@@ -83,6 +91,8 @@ class DeliveryFlow:
         self._started = time.monotonic()
         self.trace = DeliveryTrace(message, rt.settings.subscription_path)
         self.decision: Decision | None = None
+        self.settled: concurrent.futures.Future[Settled] = concurrent.futures.Future()
+        """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
 
     def run(self, seen: bool) -> None:
         rt, message = self._rt, self._message
@@ -113,31 +123,80 @@ class DeliveryFlow:
 
     @property
     def detached(self) -> bool:
-        """The completer concludes this delivery (its callback thread is done with it)."""
+        """Whoever concludes this delivery ends it (its callback thread is done with it)."""
         return self._detached
 
     def end(self) -> None:
-        """The callback is done: give up the key and the delivery, unless the completer will."""
-        if not self._detached:
-            self._end()
+        """The callback is done: give up the key and the delivery, unless a conclusion will."""
+        with self._state:
+            if self._detached:
+                return
+        self._end()
 
     def _end(self) -> None:
+        with self._state:
+            if self._ended:
+                return
+            self._ended = True
         rt = self._rt
         if self._gate_doc is not None:
             rt.gate.release(self._gate_doc, self._delivery)
             self._gate_doc = None
         rt.keeper.forget(self._ticket)
         rt.tracker.forget(self._delivery)
+        if self._held:
+            rt.completer.unhold()
+
+    def detach(self) -> bool:
+        """Whoever concludes will end the delivery; False (nothing changed) if decided."""
+        with self._state:
+            if self.decision is not None:
+                return False
+            self._detached = True
+            return True
+
+    def hold(self) -> bool:
+        """The callback returned without settling: keep the key and both leases until it does.
+
+        The lease keeper renews a held message as the stock client would and,
+        past the processing cap, concludes it as a failed attempt. False if the
+        delivery was decided meanwhile (an ``ack()`` from another thread won).
+        """
+        job = self._job
+        with self._state:
+            if self.decision is not None or job is None:
+                return False
+            self._rt.completer.hold()
+            self._detached = self._held = True
+            job.held = True
+            self._ticket.expire = self._expire
+        return True
+
+    def _expire(self) -> None:
+        """A held message neither acked nor nacked by the cap: a failed attempt."""
+        why = "the message was neither acked nor nacked within MAX_PROCESSING_SECONDS"
+        self._conclude_guarded(Happened(Phase.RUN, error=ProcessingTimeout(why)))
 
     def conclude_later(self, happened: Happened) -> None:
-        """Conclude on the completer, which then ends the delivery; here once it is closed."""
-        if self.decision is not None:
+        """Conclude on the completer, which then ends the delivery; here once it is closed.
+
+        A job with outbox entries still unsent is concluded here: its completion
+        publishes them first, and a slow publish must hold up its own callback
+        thread, never the completer's threads that other completions wait for.
+        """
+        job = self._job
+        if job is not None and job.unsent_count:
+            self.conclude(happened)
             return
-        self._detached = self._rt.completer.submit(lambda: self._conclude_detached(happened))
-        if not self._detached:
+        if not self.detach():
+            return
+        if not self._rt.completer.submit(lambda: self._conclude_guarded(happened)):
+            with self._state:
+                self._detached = False  # closed: this (callback) thread concludes and ends it
             self.conclude(happened)
 
-    def _conclude_detached(self, happened: Happened) -> None:
+    def _conclude_guarded(self, happened: Happened) -> None:
+        """Conclude off the callback thread, where nobody else would see an error."""
         try:
             self.conclude(happened)
         except Exception as exc:  # noqa: BLE001 - as on a callback thread: a failed attempt
@@ -167,6 +226,10 @@ class DeliveryFlow:
             while True:
                 if not rt.tracker.is_current(self._delivery):
                     self.conclude(Happened(Phase.CLAIM))
+                    return
+                if rt.draining.is_set():  # the worker stops: leave the message to the next one
+                    draining = ShuttingDown("the worker is draining")
+                    self.conclude(Happened(Phase.CLAIM, error=draining))
                     return
                 result = claim(rt.store, request, exists_hint=redelivery)
                 redelivery = True
@@ -217,22 +280,34 @@ class DeliveryFlow:
         if first.outcome is not Outcome.RUN:
             self.carry_out(first)
             return
-        self._run_handler(message, job, self.conclude, self.conclude_later)
+        self._run_handler(message, job, self)
 
     def conclude(self, happened: Happened) -> Decision:
-        """Decide the outcome of what happened and carry it out; the first call wins."""
-        if self.decision is not None:
-            return self.decision
-        job = self._job
-        if happened.phase is Phase.RUN and job is not None and job.stop_error is not None:
-            happened = dataclasses.replace(happened, error=job.stop_error)
-        happened = dataclasses.replace(
-            happened, current=self._rt.tracker.is_current(self._delivery)
-        )
-        attempts = job.attempt if job is not None else 0
-        return self.carry_out(
-            decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts)
-        )
+        """Decide the outcome of what happened and carry it out; the first call wins.
+
+        Thread-safe. A detached delivery (concluded off its callback thread) is
+        ended here too.
+        """
+        with self._lock:
+            if self.decision is not None:
+                return self.decision
+            job = self._job
+            if job is not None and happened.phase is Phase.RUN:
+                job.handler_returned()  # nothing the handler's threads do now changes this
+                if job.stop_error is not None:
+                    happened = dataclasses.replace(happened, error=job.stop_error)
+            happened = dataclasses.replace(
+                happened, current=self._rt.tracker.is_current(self._delivery)
+            )
+            attempts = job.attempt if job is not None else 0
+            decision = self.carry_out(
+                decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts)
+            )
+        with self._state:
+            detached = self._detached
+        if detached:
+            self._end()
+        return decision
 
     def carry_out(self, decision: Decision) -> Decision:
         """Make the write ``decision`` needs (deciding again if it fails), then settle."""
@@ -262,10 +337,12 @@ class DeliveryFlow:
 
         def acked(answer: str) -> None:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
+            self.settled.set_result(Settled(decision, answer))
 
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if decision.outcome not in _ACKING:
             rt.hooks.settled(message_id, decision.outcome.value, None)
+            self.settled.set_result(Settled(decision))
         error_type = None if decision.outcome in _FINE else decision.error_type
         self.trace.ended(decision.outcome.value, error_type or _ERROR_TYPES.get(decision.outcome))
         rt.metrics.observe(
@@ -324,6 +401,8 @@ class DeliveryFlow:
         elif outcome is Outcome.RETRY:
             metrics.inc(Counter.RETRIED)
             log.warning("%s", decision.why)
+        elif decision.error_type == ShuttingDown.__name__ and decision.phase is Phase.CLAIM:
+            log.info("%s", decision.why)  # not claimed: nothing was lost
         elif outcome in (Outcome.NACK, Outcome.DROP):
             metrics.inc(Counter.LOST_OWNERSHIP, phase=self._lost_phase(decision))
             stale = "nacked for redelivery" if outcome is Outcome.NACK else "stale, dropped"

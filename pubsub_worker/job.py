@@ -98,11 +98,19 @@ class Job:
         self._step_outbox: list[Outgoing] = []
         self._publishes = 0
         self._finished: str | None = None
+        self._returned = False  # the handler's return (or ack/nack) decided the outcome
+        self._concluding = False  # the final write (complete, release, fail) has begun
+        self._transacting = False  # a transactional step is between its parts and its finish
+        self._renewing = threading.Lock()  # one lease renewal of the keeper's at a time
         self.stop_error: LostOwnership | None = None
         """The stop signal this job raised to its handler, if any: it decides the outcome."""
         self.last_progress = time.monotonic()
         self.abandoned = threading.Event()
         """Set by the lease keeper when the job ran past ``MAX_PROCESSING_SECONDS``."""
+        self.held = False
+        """The callback returned without ``ack()`` or ``nack()``: the message is in the user's
+        hands (a hand-off to their own threads). Both leases are kept, as the stock client
+        keeps a message's, until it is acked or nacked or the processing cap passes."""
 
     # -- what the callback sees ---------------------------------------------------
 
@@ -220,6 +228,7 @@ class Job:
 
     def prepare(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Outgoing:
         """A message for :meth:`publish`, resolved and checked against Pub/Sub's limits."""
+        self._check_open()
         if not isinstance(data, bytes):
             raise TypeError("data must be bytes")
         outgoing = Outgoing(self._ctx.topic_path(topic), data, dict(attributes))
@@ -234,6 +243,22 @@ class Job:
     def queue(self, outgoing: Outgoing) -> None:
         """Queue a checked message for the current step (see :meth:`publish`)."""
         self._step_outbox.append(outgoing)
+
+    def commit_publishes(self, outgoing: list[Outgoing]) -> None:
+        """Commit messages published outside any step, each a step of its own, and publish them.
+
+        For an ``async def callback(message)`` that acked: what it gave
+        ``message.job.publish()`` outside a step is committed before the
+        completion. Steps recorded already (by an earlier owner) are skipped.
+        """
+        for message in outgoing:
+            name = self.publish_step_name()
+            if name in self._steps:
+                continue
+            self.enter_step(name)
+            self.queue(message)
+            self.leave_step()
+            self.record_step(name, None)
 
     def heartbeat(self) -> None:
         """Report progress: the leases are renewed only while a job reports it.
@@ -307,14 +332,20 @@ class Job:
             self._ctx.hooks.after_commit(self.key, name)
             self._outbox.add(entries)
             self._try_publish_unsent()
+        elif self._doc.lease_due():
+            # Progress renews the Firestore lease whether or not the record had to be written
+            # now: a record kept for the next write would leave the lease as the claim set it.
+            self._doc.write()
         return json.loads(result)
 
     def transaction_parts(self, name: str) -> TransactionParts:
         """What transactional step ``name`` writes with the job; how a lost reply is adopted."""
+        self._transacting = True  # an awaited transaction holds no lock: no renewal meanwhile
         return TransactionParts(self, name)
 
     def finish_transaction(self, parts: TransactionParts) -> Any:
         """After the transaction committed: bookkeeping, then publish its outbox entries."""
+        self._transacting = False
         self._budget.add(parts.name, parts.result, parts.committed)  # checked in the transaction
         self._steps[parts.name] = parts.result
         self._ctx.metrics.inc(Counter.STEPS_RUN)
@@ -380,6 +411,7 @@ class Job:
         """
         self._check_owner()
         self.publish_unsent()
+        self._concluding = True
         self._doc.complete(retention_s=self._ctx.retention_s)
         self._finished = "completed"
 
@@ -390,17 +422,59 @@ class Job:
         Raises :class:`LostOwnership` if another owner took it meanwhile.
         """
         attempts = self._attempt if count_attempt else max(self._attempt - 1, 0)
+        self._concluding = True
         self._doc.release(error=error, attempts=attempts)
         self._finished = "released"
 
     def fail(self, reason: str, error: str, extra: Mapping[str, Any]) -> None:
         """Record the job as failed (the failure path); raises if not the owner."""
+        self._concluding = True
         self._doc.fail(reason=reason, error=error, extra=extra, retention_s=self._ctx.retention_s)
         self._finished = "failed"
 
-    def check(self) -> None:
-        """Raise :class:`LostOwnership` (or a subclass) if this job must stop now."""
-        self._check()
+    def handler_returned(self) -> None:
+        """The handler's return (or its ``ack()``/``nack()``) decided the outcome.
+
+        From now on a stray ``job.*`` call (a helper thread winding down) raises
+        ``RuntimeError`` and can no longer turn the outcome into a stop.
+        """
+        self._returned = True
+        self.held = False
+
+    @property
+    def store_lease_due(self) -> bool:
+        """The Firestore lease wants renewing: a third of it passed, with progress since."""
+        return (
+            not self._concluding
+            and not self._transacting
+            and self._doc.lease_due()
+            and (self.held or self.last_progress > self._doc.written_at)
+        )
+
+    def keep_alive(self) -> None:
+        """Renew the Firestore lease if a third of it passed and the job progressed since.
+
+        Called by the lease keeper, off the handler's thread, when it renews the
+        Pub/Sub lease: the two leases are kept together. A held job (:attr:`held`)
+        counts as progressing, as the stock client keeps a message it holds. Does
+        nothing once the job is finished, stopped or superseded; a write refused by
+        another owner marks the job lost (its next boundary raises).
+        """
+        if not self._renewing.acquire(blocking=False):
+            return  # the previous renewal is still under way
+        try:
+            if self.stop_error is not None:
+                return
+            if not self._ctx.tracker.is_current(self._delivery):
+                return
+            if self.store_lease_due:
+                self._doc.write()
+        except LostOwnership:
+            pass  # recorded by the document's on_lost: the handler stops at its next boundary
+        except Exception as exc:  # noqa: BLE001 - the next renewal or step tries again
+            self._log.warning("lease renewal of the job document failed: %s", exc)
+        finally:
+            self._renewing.release()
 
     # -- internals ----------------------------------------------------------------
 
@@ -417,7 +491,15 @@ class Job:
                 self._delivery.lost_why if lost else "a newer delivery of this message exists"
             )
 
+    def _check_open(self) -> None:
+        if self._returned:
+            raise RuntimeError(
+                "the handler already returned (or acked or nacked): its outcome is decided, "
+                "and job calls after it are refused"
+            )
+
     def _check(self) -> None:
+        self._check_open()
         self._check_owner()
         if self.abandoned.is_set():
             raise self._stop(ProcessingTimeout("the job ran past MAX_PROCESSING_SECONDS"))
@@ -425,14 +507,15 @@ class Job:
             raise self._stop(ShuttingDown("the worker is shutting down"))
 
     def _stop(self, error: LostOwnership) -> LostOwnership:
-        if self.stop_error is None:
+        if self.stop_error is None and not self._returned:
             self.stop_error = error
         return error
 
     def _lose(self, why: str) -> LostOwnership:
         self._log.warning("lost ownership: %s", why)
         error = LostOwnership(why)
-        self.stop_error = error  # overrides a cap or a shutdown: nothing can be written now
+        if not self._returned:
+            self.stop_error = error  # overrides a cap or a shutdown: nothing can be written now
         return error
 
     def _progress(self) -> None:

@@ -16,8 +16,18 @@ One named daemon thread wakes about once a second and, for each message:
   the delivery is given up (dropped from the client's lease management, so
   Pub/Sub redelivers it within a lease) and the job stops at its next
   boundary;
+* **held** (an existing ``callback(message)`` returned without acking or
+  nacking: the message is in the user's own threads): renewed every half
+  lease, as the stock client keeps a message it holds, until it is acked or
+  nacked;
 * past the cap: the job is abandoned (it stops at its next boundary with
-  ``ProcessingTimeout``) and the message is not renewed any more.
+  ``ProcessingTimeout``) and the message is not renewed any more; a held one
+  is concluded at once as a failed attempt (the ticket's ``expire``).
+
+The two leases go together: while a job progresses (or is held), the keeper
+also has its Firestore lease renewed (``job.keep_alive()``, on a small pool of
+its own so that a slow write never delays a Pub/Sub renewal), whether or not
+the job had a record to write.
 
 A renewal answered ``INVALID_ACK_ID`` or ``FAILED_PRECONDITION`` marks the
 delivery lost. The client's own lease management (flow control's
@@ -36,7 +46,8 @@ import logging
 import random
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,9 +78,15 @@ class TrackedJob(Protocol):
 
     last_progress: float
     abandoned: threading.Event
+    held: bool
 
     @property
     def unsent_count(self) -> int: ...
+
+    @property
+    def store_lease_due(self) -> bool: ...
+
+    def keep_alive(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -87,6 +104,8 @@ class Ticket:
     job: TrackedJob | None = None
     attached_at: float = 0.0
     done: bool = False
+    expire: Callable[[], None] | None = None
+    """Concludes a held delivery past the cap (run on the keeper's pool), instead of a drop."""
 
 
 class LeaseKeeper:
@@ -104,9 +123,10 @@ class LeaseKeeper:
         self._max_processing_s = max_processing_s
         self._metrics = metrics
         self._tick_s = tick_s
-        self._lock = threading.Lock()  # guards _tickets and _thread
+        self._lock = threading.Lock()  # guards _tickets, _thread and _pool
         self._tickets: set[Ticket] = set()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -125,8 +145,24 @@ class LeaseKeeper:
         self._stop.set()
         with self._lock:
             thread, self._thread = self._thread, None
+            pool, self._pool = self._pool, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the keeper's own small pool (started on first use)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=2, thread_name_prefix="pubsub-worker-renew"
+                )
+            pool = self._pool
+        try:
+            pool.submit(work)
+        except RuntimeError:  # shut down meanwhile: the worker is stopping
+            pass
 
     def watch(
         self,
@@ -197,20 +233,14 @@ class LeaseKeeper:
         if job is not None and job.abandoned.is_set():
             return
         if now - ticket.received_at > self._max_processing_s:
-            if job is not None:
-                job.abandoned.set()
-            self._metrics.inc(Counter.ABANDONED)
-            _log(ticket).warning(
-                "abandoned after %.0f s (MAX_PROCESSING_SECONDS)", now - ticket.received_at
-            )
-            ticket.message.drop()
+            self._abandon(ticket, now)
             return
         due = now - ticket.last_renewal >= self._lease_s / 2
         if job is None:
             if due:
                 self._renew(ticket, now)
             return
-        if now - max(job.last_progress, ticket.attached_at) >= self._lease_s:
+        if not job.held and now - max(job.last_progress, ticket.attached_at) >= self._lease_s:
             ticket.delivery.give_up("no progress for a lease: the delivery was given up")
             self._metrics.inc(Counter.STALLED)
             _log(ticket).warning(
@@ -219,8 +249,23 @@ class LeaseKeeper:
             )
             ticket.message.drop()
             return
-        if due and job.last_progress > ticket.last_renewal:
+        if due and (job.held or job.last_progress > ticket.last_renewal):
             self._renew(ticket, now)
+        if job.store_lease_due:
+            self._submit(job.keep_alive)
+
+    def _abandon(self, ticket: Ticket, now: float) -> None:
+        """Past the cap: the job stops at its next boundary; a held message is concluded."""
+        if ticket.job is not None:
+            ticket.job.abandoned.set()
+        self._metrics.inc(Counter.ABANDONED)
+        _log(ticket).warning(
+            "abandoned after %.0f s (MAX_PROCESSING_SECONDS)", now - ticket.received_at
+        )
+        if ticket.expire is not None:
+            self._submit(ticket.expire)  # a held message: a failed attempt, nacked
+        else:
+            ticket.message.drop()
 
     def _renew(self, ticket: Ticket, now: float) -> None:
         ticket.last_renewal = now

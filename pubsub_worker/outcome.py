@@ -14,13 +14,15 @@ defers or drops a Pub/Sub message.
     receipt    worker cannot start / no EOD          DEFER (backoff)
                key attribute missing                 REVIEW
     gate       key busy in this process too long     DEFER
-    claim      completed / failed already            ACK
+    claim      worker draining (not claimed)         NACK
+               completed / failed already            ACK
                payload conflict                      REVIEW
                another owner's live lease            DEFER (until it ends)
                store unavailable                     DEFER (backoff)
                claimed, attempts left                RUN
                claimed, MAX_ATTEMPTS reached         REVIEW
-    run        returned                              COMPLETE
+    run        superseded, and any error             DROP
+               returned                              COMPLETE
                PermanentError (too large, limits)    REVIEW
                ShuttingDown                          RELEASE
                LostOwnership                         NACK if current else DROP
@@ -63,6 +65,7 @@ __all__ = [
     "Outcome",
     "Phase",
     "Reason",
+    "Settled",
     "backoff_s",
     "decide",
     "settle",
@@ -164,6 +167,15 @@ class Decision:
     """What ended the delivery, low cardinality (an exception class name), if not success."""
 
 
+@dataclass(frozen=True)
+class Settled:
+    """How a delivery was settled on Pub/Sub: its decision and, for an ack, the answer."""
+
+    decision: Decision
+    answer: str | None = None
+    """``SUCCESS``, an ``AcknowledgeStatus`` name or an error's type; None without an ack."""
+
+
 def backoff_s(tries: int) -> float:
     """Delay before a deferred message comes back: 10 s doubling per try, at most 600 s."""
     return float(min(MAX_DEFER_S, MIN_DEFER_S * 2 ** max(min(tries, 10) - 1, 0)))
@@ -206,6 +218,10 @@ def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
     if phase is Phase.CLAIM:
         return _after_claim(happened, attempts, max_attempts, lost)
     if phase is Phase.RUN:
+        if error is not None and not happened.current:
+            # A newer delivery owns the message: writing a release or publishing for review
+            # from here would race it (and duplicate its failure message).
+            return Decision(Outcome.DROP, f"superseded while running ({describe(error)})")
         return _after_run(error, attempts, max_attempts, lost)
     # A write that carries out an outcome failed.
     if isinstance(error, LostOwnership):
@@ -219,6 +235,8 @@ def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
 
 def _after_claim(happened: Happened, attempts: int, max_attempts: int, lost: Outcome) -> Decision:
     error, kind = happened.error, happened.claim
+    if isinstance(error, ShuttingDown):
+        return Decision(Outcome.NACK, "the worker is draining: not claimed, nacked")
     if isinstance(error, LostOwnership):
         return Decision(lost, f"superseded before the claim ({error})")
     if isinstance(error, OutboxUnsent):

@@ -59,6 +59,8 @@ class Runtime:
     """This process's worker id: host/pid/random."""
     completer: Completer
     """Concludes deliveries whose handler returned, off their callback threads."""
+    draining: threading.Event
+    """Set when the worker stops taking messages: a delivery not yet claimed is nacked."""
     checked: bool = False
     """The subscription and failure topic were checked."""
 
@@ -71,6 +73,7 @@ def build(
     publisher: pubsub_v1.PublisherClient | None,
     hooks: Hooks,
     stopping: threading.Event,
+    draining: threading.Event,
 ) -> Runtime:
     """Clients, store and helpers for ``settings``; checks Firestore when it makes the client."""
     subscription = settings.subscription_path  # ConfigError when unset
@@ -134,6 +137,7 @@ def build(
         hooks=hooks,
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
         completer=Completer(settings.max_messages),
+        draining=draining,
     )
 
 

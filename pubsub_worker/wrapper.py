@@ -12,6 +12,7 @@ path is :class:`~pubsub_worker.flow.DeliveryFlow`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import threading
@@ -25,11 +26,12 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from . import clients, runtime
 from .aio import AsyncJob, EventLoopThread
+from .errors import ShuttingDown
 from .flow import DeliveryFlow
 from .hooks import Hooks
 from .job import Job
 from .legacy import DeferredMessageProxy, MessageProxy
-from .logs import JobLogger, job_logger
+from .logs import job_logger
 from .metrics import Counter, Metrics
 from .outcome import Decision, Happened, Outcome, Phase, backoff_s, settle
 from .runtime import Runtime
@@ -86,6 +88,8 @@ class ExactlyOnce:
         self._lock = threading.Lock()  # guards _runtime
         self._runtime: Runtime | None = None
         self._stopping = threading.Event()
+        self._draining = threading.Event()
+        self._closed = False  # close() ran; a start() after it begins a new run
         self._receipts: dict[str, float] = {}  # ack id -> monotonic receipt time
         self.__wrapped__ = handler
         self.__name__ = getattr(handler, "__name__", type(self).__name__)
@@ -114,7 +118,13 @@ class ExactlyOnce:
                     publisher=self._publisher,
                     hooks=self._hooks,
                     stopping=self._stopping,
+                    draining=self._draining,
                 )
+            elif self._closed or self._draining.is_set():  # started again: a new run
+                self._stopping.clear()
+                self._draining.clear()
+                self._runtime.completer.reopen()
+            self._closed = False
             rt = self._runtime
             if check_subscription and not rt.checked:
                 subscriber = self._subscriber or clients.subscriber_client(rt.settings)
@@ -134,20 +144,26 @@ class ExactlyOnce:
         """
         with self._lock:
             rt = self._runtime
+            self._closed = True
         if rt is not None:
             rt.completer.close()
             rt.keeper.stop()
         self._loop.stop()
 
     def drain(self, timeout_s: float | None = None) -> bool:
-        """Conclude every later delivery on its callback thread; wait for those handed off.
+        """Stop taking jobs; conclude on callback threads; wait for those handed off.
 
-        A job-style handler that returned is concluded (the completion's
-        write, then the ack) off its callback thread. Call this before
-        cancelling the subscriber's streaming-pull future, so that every ack
-        is sent before the stream closes; :func:`pubsub_worker.run` does.
-        False if ``timeout_s`` passed with conclusions still under way.
+        From now on a delivery that has not claimed its job is nacked without
+        a claim (the next worker takes it, nothing is written), and every
+        later conclusion happens on its own callback thread. Waits for the
+        conclusions handed to the completer and for the messages an existing
+        callback handed to its own threads (until their ``ack()``/``nack()``).
+        Call this before cancelling the subscriber's streaming-pull future, so
+        that every ack is sent before the stream closes;
+        :func:`pubsub_worker.run` does. False if ``timeout_s`` passed with
+        conclusions still under way. A later :meth:`start` takes jobs again.
         """
+        self._draining.set()
         rt = self._runtime
         return True if rt is None else rt.completer.close(timeout_s)
 
@@ -222,25 +238,20 @@ class ExactlyOnce:
         finally:
             handling.end()
 
-    def call_handler(
-        self,
-        message: Message,
-        job: Job,
-        conclude: Callable[[Happened], Decision],
-        conclude_later: Callable[[Happened], None],
-    ) -> None:
+    def call_handler(self, message: Message, job: Job, flow: DeliveryFlow) -> None:
         """Run the wrapped handler for a claimed job and conclude the delivery.
 
         A job-style handler that returned is concluded on the completer
-        (``conclude_later``); a failure, and a callback-style handler (whose
-        ``ack_with_response`` future answers with the outcome), here.
+        (``flow.conclude_later``); a failure here. A callback-style handler
+        concludes through its message's ``ack()``/``nack()``, here or from its
+        own threads later (:mod:`pubsub_worker.legacy`).
         """
         log = job_logger(_LOGGER, job.key, job.message_id)
         if self._async:
-            self._call_async(message, job, conclude, conclude_later, log)
+            self._call_async(message, job, flow, log)
             return
         if self._legacy:
-            proxy = MessageProxy(message, job, conclude, log)
+            proxy = MessageProxy(message, job, flow, log)
             try:
                 _sync(self._handler(proxy))
             except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
@@ -251,35 +262,36 @@ class ExactlyOnce:
         try:
             _sync(self._handler(message, job))
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-            conclude(Happened(Phase.RUN, error=exc))
+            job.handler_returned()
+            flow.conclude(Happened(Phase.RUN, error=exc))
             return
-        conclude_later(Happened(Phase.RUN))
+        job.handler_returned()
+        flow.conclude_later(Happened(Phase.RUN))
 
     def _call_async(
-        self,
-        message: Message,
-        job: Job,
-        conclude: Callable[[Happened], Decision],
-        conclude_later: Callable[[Happened], None],
-        log: JobLogger,
+        self, message: Message, job: Job, flow: DeliveryFlow, log: logging.LoggerAdapter[Any]
     ) -> None:
         """Run an ``async def`` handler on the loop; this thread waits, then concludes."""
         ajob = AsyncJob(job, self._loop.io)
         if self._legacy:
-            proxy = DeferredMessageProxy(message, ajob, conclude, log)
+            proxy = DeferredMessageProxy(
+                message, job, flow, log, face=ajob, queued=ajob.take_queued, io=self._loop.io
+            )
             try:
                 self._loop.run(_awaited(self._handler(proxy)))
             except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-                proxy.finish(exc)
+                proxy.finish(_cancelled_is_shutdown(exc))
                 return
             proxy.finish(None)
             return
         try:
             self._loop.run(_job_done(self._handler(message, ajob), ajob))
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-            conclude(Happened(Phase.RUN, error=exc))
+            job.handler_returned()
+            flow.conclude(Happened(Phase.RUN, error=_cancelled_is_shutdown(exc)))
             return
-        conclude_later(Happened(Phase.RUN))
+        job.handler_returned()
+        flow.conclude_later(Happened(Phase.RUN))
 
 
 def exactly_once(
@@ -323,6 +335,13 @@ def _is_async(handler: Any) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
     )
+
+
+def _cancelled_is_shutdown(error: Exception) -> Exception:
+    """A handler's task cancelled (the worker's loop stopping) is a shutdown, not a failure."""
+    if isinstance(error, concurrent.futures.CancelledError):
+        return ShuttingDown("the worker stopped while the handler ran")
+    return error
 
 
 async def _awaited(result: Any) -> None:

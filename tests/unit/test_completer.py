@@ -13,7 +13,8 @@ import pytest
 import pubsub_worker
 from pubsub_worker import store as s
 from pubsub_worker.completer import Completer
-from tests.unit.test_outcome import FakeMessage, FlakyStore, World
+from pubsub_worker.keys import document_id
+from tests.unit.test_outcome import SUB, FakeMessage, FlakyStore, World
 
 __all__ = ["held"]
 
@@ -92,15 +93,43 @@ def test_a_redelivery_waits_for_the_pending_completion_and_does_not_run_again(
     assert runs == ["ran"]  # the job ran once; the second delivery found it completed
 
 
-def test_after_drain_a_delivery_concludes_on_its_callback_thread(held: World) -> None:
+def test_after_drain_a_running_job_concludes_on_its_callback_thread(held: World) -> None:
+    store = held.store
+    assert isinstance(store, HeldStore)
+    store.release.set()
+    started, go = threading.Event(), threading.Event()
+
+    def handler(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+        started.set()
+        assert go.wait(10)
+
+    held.wrapped._handler = handler
+    message = FakeMessage(op="k")
+    callback = _in_thread(lambda: held.wrapped(message))
+    assert started.wait(10)
+    assert held.wrapped.drain(5)  # the running job holds no conclusion yet
+    go.set()
+    callback.join(10)
+    assert message.outcome == "ack"  # concluded before the callback returned: no wait
+    assert held.wrapped.wait_concluded(0)
+    assert held.record()["status"] == "completed"
+
+
+def test_after_drain_a_new_delivery_is_nacked_without_a_claim(held: World) -> None:
     store = held.store
     assert isinstance(store, HeldStore)
     store.release.set()
     assert held.wrapped.drain(5)
-    message = FakeMessage(op="k")
+    message = FakeMessage(op="fresh")
     held.wrapped(message)
-    assert message.outcome == "ack"  # concluded before the callback returned: no wait
-    assert held.wrapped.wait_concluded(0)
+    assert message.outcome == "nack"  # the next worker takes it
+    assert held.store.get(document_id(SUB, "fresh")) is None  # nothing was claimed or written
+    held.wrapped.start(check_subscription=False)  # started again (a supervisor's loop): it takes jobs again
+    again = FakeMessage(op="fresh")
+    held.wrapped(again)
+    assert held.wrapped.wait_concluded(10)
+    assert again.outcome == "ack"
 
 
 def test_drain_waits_for_the_conclusions_under_way(held: World) -> None:

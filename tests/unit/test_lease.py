@@ -21,6 +21,12 @@ class FakeJob:
         self.last_progress = T0
         self.abandoned = threading.Event()
         self.unsent_count = 0
+        self.held = False
+        self.store_lease_due = False
+        self.kept_alive = threading.Semaphore(0)
+
+    def keep_alive(self) -> None:
+        self.kept_alive.release()
 
 
 class FakeMessage:
@@ -201,3 +207,44 @@ def test_start_and_stop_are_idempotent() -> None:
     k.stop()
     k.stop()
     assert "pubsub-worker-lease-keeper" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_held_message_is_renewed_without_progress_and_never_given_up() -> None:
+    """A message the callback handed to its own threads is kept, as the stock client keeps it."""
+    k, metrics = keeper(lease_s=10, cap_s=100)
+    job, message = FakeJob(), FakeMessage()
+    job.held = True
+    watched(k, message, job)
+    for now in range(1, 60):
+        k.tick(T0 + now)
+    assert message.renewals == [10] * 11  # every half lease, no progress needed
+    assert message.dropped == 0
+    assert metrics.get(Counter.STALLED) == 0
+
+
+def test_a_held_message_past_the_cap_is_concluded_not_dropped() -> None:
+    k, metrics = keeper(lease_s=10, cap_s=30)
+    job, message = FakeJob(), FakeMessage()
+    job.held = True
+    ticket, _ = watched(k, message, job)
+    expired = threading.Event()
+    ticket.expire = expired.set
+    k.tick(T0 + 31)
+    assert expired.wait(5)  # a failed attempt: released and nacked by the flow
+    assert message.dropped == 0
+    assert job.abandoned.is_set()
+    assert metrics.get(Counter.ABANDONED) == 1
+    k.stop()
+
+
+def test_the_firestore_lease_is_renewed_when_due_while_the_job_lives() -> None:
+    """The two leases go together: a due job-document lease is renewed off the keeper's thread."""
+    k, _ = keeper(lease_s=10)
+    job, message = FakeJob(), FakeMessage()
+    watched(k, message, job)
+    k.tick(T0 + 2)
+    assert not job.kept_alive.acquire(timeout=0.2)  # not due
+    job.store_lease_due = True
+    k.tick(T0 + 4)
+    assert job.kept_alive.acquire(timeout=5)
+    k.stop()
