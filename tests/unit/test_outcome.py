@@ -119,6 +119,27 @@ CASES: list[tuple[str, Happened, int, Outcome, str | None]] = [
     ("lost, current", Happened(Phase.RUN, LostOwnership("x")), 1, Outcome.NACK, None),
     ("lost, stale", Happened(Phase.RUN, LostOwnership("x"), current=False), 1, Outcome.DROP, None),
     (
+        "permanent, superseded: never published for review",
+        Happened(Phase.RUN, PermanentError("x"), current=False),
+        1,
+        Outcome.DROP,
+        None,
+    ),
+    (
+        "error, superseded: no release",
+        Happened(Phase.RUN, RuntimeError("x"), current=False),
+        1,
+        Outcome.DROP,
+        None,
+    ),
+    (
+        "claim while draining: not claimed",
+        Happened(Phase.CLAIM, ShuttingDown("draining")),
+        0,
+        Outcome.NACK,
+        None,
+    ),
+    (
         "completion: lost",
         Happened(Phase.COMPLETE, LostOwnership("x"), current=False),
         1,
