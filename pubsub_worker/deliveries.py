@@ -7,6 +7,8 @@ one is *superseded* and stops at its next step boundary. :class:`KeyGate`
 lets one callback per job key run at a time in this process: a second
 message with the same key waits its turn, while a newer delivery of the
 *same* message takes over at once (the older one can no longer ack).
+:class:`OrderingKeys` keeps the messages of one ordering key in publish
+order when one of them is deferred or released.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["Delivery", "DeliveryTracker", "KeyGate"]
+__all__ = ["Delivery", "DeliveryTracker", "KeyGate", "OrderingKeys"]
 
 
 def ack_digest(ack_id: str) -> str:
@@ -135,3 +137,86 @@ class KeyGate:
     def __len__(self) -> int:
         with self._cond:
             return len(self._holders)
+
+
+@dataclass
+class _Unfinished:
+    published: float
+    """The message's publish time (seconds since the epoch): what "earlier" means in a key."""
+    back_at: float
+    """``time.monotonic()`` when the message is expected back (its deferral ends)."""
+
+
+class OrderingKeys:
+    """Per ordering key, the messages of this process that ended without being done. Thread-safe.
+
+    With message ordering, the client hands a worker the next message of a key
+    only once the previous one is acked, nacked or dropped, and Pub/Sub
+    redelivers a message that is not acked together with the ones published
+    after it. A message deferred (dropped with a deadline: a busy owner, a store
+    briefly down) or released lets the next one of its key through before it
+    comes back. So a message of a key is held back (deferred too) while an
+    *earlier-published* message of the same key is unfinished here; a
+    completed, acked or reviewed message finishes. An entry expires
+    ``expiry_s`` after its message was expected back (it may have come back
+    to another worker), so a key is never blocked for good.
+    """
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, *, expiry_s: float) -> None:
+        self._expiry_s = expiry_s
+        self._lock = threading.Lock()  # guards _keys and _count
+        self._keys: dict[str, dict[str, _Unfinished]] = {}
+        self._count = 0
+
+    def blocked_for(
+        self, key: str, message_id: str, published: float, now: float | None = None
+    ) -> float | None:
+        """Seconds until an earlier unfinished message of ``key`` is back; None if none is."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            entries = self._prune(key, now)
+            waits = [
+                entry.back_at - now
+                for other, entry in entries.items()
+                if other != message_id and entry.published < published
+            ]
+        return max(*waits, 0.0) if waits else None
+
+    def unfinished(
+        self, key: str, message_id: str, published: float, delay_s: float, now: float | None = None
+    ) -> None:
+        """``message_id`` of ``key`` ended without being done; it is back in ``delay_s``."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            entries = self._prune(key, now)
+            if message_id not in entries:
+                if self._count >= self.MAX_ENTRIES:
+                    return  # bounded memory: past this, later messages are not held back
+                self._count += 1
+            entries[message_id] = _Unfinished(published, now + delay_s)
+            self._keys[key] = entries
+
+    def finished(self, key: str, message_id: str) -> None:
+        """``message_id`` of ``key`` is done (completed, acked or reviewed)."""
+        with self._lock:
+            entries = self._keys.get(key)
+            if entries is not None and entries.pop(message_id, None) is not None:
+                self._count -= 1
+                if not entries:
+                    del self._keys[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._count
+
+    def _prune(self, key: str, now: float) -> dict[str, _Unfinished]:
+        entries = self._keys.get(key, {})
+        stale = [m for m, entry in entries.items() if entry.back_at + self._expiry_s <= now]
+        for message_id in stale:
+            del entries[message_id]
+            self._count -= 1
+        if not entries:
+            self._keys.pop(key, None)
+        return entries

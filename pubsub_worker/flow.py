@@ -90,6 +90,7 @@ class DeliveryFlow:
         self._job: Job | None = None
         self._started = time.monotonic()
         self.trace = DeliveryTrace(message, rt.settings.subscription_path)
+        self._published = message.publish_time.timestamp()
         self.decision: Decision | None = None
         self.settled: concurrent.futures.Future[Settled] = concurrent.futures.Future()
         """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
@@ -115,6 +116,12 @@ class DeliveryFlow:
         self._identity = identity
         self._log = job_logger(_LOGGER, identity.key, message.message_id)
         self._ticket.key = identity.key
+        ordering_key = _ordering_key(message)
+        if ordering_key:
+            wait_s = rt.ordering.blocked_for(ordering_key, message.message_id, self._published)
+            if wait_s is not None:
+                self.conclude(Happened(Phase.ORDER, busy_for_s=wait_s))
+                return
         if not rt.gate.acquire(identity.doc_id, self._delivery, timeout_s=settings.lease_seconds):
             self.conclude(Happened(Phase.GATE))
             return
@@ -339,6 +346,7 @@ class DeliveryFlow:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
             self.settled.set_result(Settled(decision, answer))
 
+        self._note_order(decision)  # before the settlement lets the next message of its key in
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if decision.outcome not in _ACKING:
             rt.hooks.settled(message_id, decision.outcome.value, None)
@@ -356,6 +364,17 @@ class DeliveryFlow:
             },
         )
         return decision
+
+    def _note_order(self, decision: Decision) -> None:
+        """Whether this message of its ordering key is done, or later ones must wait for it."""
+        key = _ordering_key(self._message)
+        if not key or decision.outcome is Outcome.DROP:
+            return  # no key; or a newer delivery of this very message settles it
+        ordering, message_id = self._rt.ordering, self._message.message_id
+        if decision.outcome in _ACKING:
+            ordering.finished(key, message_id)
+        else:
+            ordering.unfinished(key, message_id, self._published, decision.delay_s)
 
     def _write(self, decision: Decision) -> None:
         job, outcome = self._job, decision.outcome
@@ -413,3 +432,8 @@ class DeliveryFlow:
         elif outcome is Outcome.RELEASE:
             metrics.inc(Counter.RETRIED)
             log.info("%s; released for another delivery", decision.why)
+
+
+def _ordering_key(message: Message) -> str:
+    """The message's ordering key ("" without one)."""
+    return getattr(message, "ordering_key", "") or ""

@@ -13,6 +13,8 @@ defers or drops a Pub/Sub message.
     phase      what happened                         outcome
     receipt    worker cannot start / no EOD          DEFER (backoff)
                key attribute missing                 REVIEW
+    order      an earlier message of its ordering    DEFER (until that one is back)
+               key deferred or released here
     gate       key busy in this process too long     DEFER
     claim      worker draining (not claimed)         NACK
                completed / failed already            ACK
@@ -109,6 +111,7 @@ class Phase(str, Enum):
     """How far a delivery got."""
 
     RECEIPT = "receipt"
+    ORDER = "order"
     GATE = "gate"
     CLAIM = "claim"
     RUN = "run"
@@ -146,7 +149,8 @@ class Happened:
     claim: ClaimKind | None = None
     """The answer to the claim (phase ``claim``)."""
     busy_for_s: float = 0.0
-    """How much longer another owner's lease runs (claim answered ``busy``)."""
+    """How much longer another owner's lease runs (claim answered ``busy``), or how long until
+    the earlier message of its ordering key is back (phase ``order``)."""
 
 
 @dataclass(frozen=True)
@@ -206,13 +210,18 @@ def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
     phase, error = happened.phase, happened.error
     lost = Outcome.NACK if happened.current else Outcome.DROP
     tries = max(attempts, 1)
-    if not happened.current and phase in (Phase.RECEIPT, Phase.GATE, Phase.CLAIM):
+    if not happened.current and phase in (Phase.RECEIPT, Phase.ORDER, Phase.GATE, Phase.CLAIM):
         return Decision(Outcome.DROP, "a newer delivery of this message exists")
     if phase is Phase.RECEIPT:
         if isinstance(error, InvalidMessage):
             return Decision(Outcome.REVIEW, str(error), Reason.MISSING_KEY, str(error))
         why = "the worker cannot process messages" if error is None else describe(error)
         return Decision(Outcome.DEFER, why, delay_s=backoff_s(tries))
+    if phase is Phase.ORDER:
+        # Back after the earlier message of its key is, so Pub/Sub hands them out in order.
+        delay = min(max(happened.busy_for_s + 1.0, MIN_DEFER_S), MAX_DEFER_S)
+        why = "an earlier message of its ordering key is not done yet"
+        return Decision(Outcome.DEFER, why, delay_s=delay)
     if phase is Phase.GATE:
         return Decision(Outcome.DEFER, "the key stayed busy in this process", delay_s=MIN_DEFER_S)
     if phase is Phase.CLAIM:

@@ -24,7 +24,7 @@ from google.cloud import firestore
 from . import clients
 from .completer import Completer
 from .context import JobContext, Publish
-from .deliveries import DeliveryTracker, KeyGate
+from .deliveries import DeliveryTracker, KeyGate, OrderingKeys
 from .errors import ConfigError, Unreachable
 from .failure import FailurePath
 from .hooks import Hooks
@@ -61,6 +61,8 @@ class Runtime:
     """Concludes deliveries whose handler returned, off their callback threads."""
     draining: threading.Event
     """Set when the worker stops taking messages: a delivery not yet claimed is nacked."""
+    ordering: OrderingKeys
+    """Messages of an ordering key that ended here without being done: later ones wait."""
     checked: bool = False
     """The subscription and failure topic were checked."""
 
@@ -138,6 +140,7 @@ def build(
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
         completer=Completer(settings.max_messages),
         draining=draining,
+        ordering=OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pubsub_worker.deliveries import DeliveryTracker, KeyGate
+from pubsub_worker.deliveries import DeliveryTracker, KeyGate, OrderingKeys
 
 
 def test_a_newer_delivery_supersedes_the_older_one() -> None:
@@ -77,3 +77,43 @@ def test_waiting_ends_when_the_waiter_is_superseded() -> None:
     started = time.monotonic()
     assert not gate.acquire("key", waiter, timeout_s=10)
     assert time.monotonic() - started < 3
+
+
+def test_a_later_message_of_a_key_waits_for_an_earlier_unfinished_one() -> None:
+    keys = OrderingKeys(expiry_s=60)
+    keys.unfinished("o", "m1", published=100.0, delay_s=30, now=0)
+    assert keys.blocked_for("o", "m2", published=101.0, now=5) == 25  # until m1 is back
+    assert keys.blocked_for("o", "m1", published=100.0, now=5) is None  # m1 itself runs
+    assert keys.blocked_for("o", "m0", published=99.0, now=5) is None  # earlier: not held
+    assert keys.blocked_for("other", "m2", published=101.0, now=5) is None
+    keys.finished("o", "m1")
+    assert keys.blocked_for("o", "m2", published=101.0, now=6) is None
+    assert len(keys) == 0
+
+
+def test_a_held_back_message_holds_back_the_ones_after_it() -> None:
+    """m2 deferred behind m1 is unfinished too: m3 may not pass it once m1 is done."""
+    keys = OrderingKeys(expiry_s=60)
+    keys.unfinished("o", "m1", published=1.0, delay_s=10, now=0)
+    keys.unfinished("o", "m2", published=2.0, delay_s=11, now=0)
+    keys.finished("o", "m1")
+    assert keys.blocked_for("o", "m3", published=3.0, now=1) == 10
+    assert keys.blocked_for("o", "m2", published=2.0, now=1) is None
+
+
+def test_an_entry_expires_so_a_key_is_never_blocked_for_good() -> None:
+    """The earlier message may have come back to another worker and been done there."""
+    keys = OrderingKeys(expiry_s=60)
+    keys.unfinished("o", "m1", published=1.0, delay_s=10, now=0)
+    assert keys.blocked_for("o", "m2", published=2.0, now=69) == 0
+    assert keys.blocked_for("o", "m2", published=2.0, now=70) is None
+    assert len(keys) == 0
+
+
+def test_ordering_entries_are_bounded() -> None:
+    keys = OrderingKeys(expiry_s=60)
+    keys.MAX_ENTRIES = 3
+    for n in range(5):
+        keys.unfinished(f"k{n}", "m", published=1.0, delay_s=10, now=0)
+    assert len(keys) == 3
+    assert keys.blocked_for("k4", "m2", published=2.0, now=1) is None

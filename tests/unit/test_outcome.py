@@ -133,6 +133,13 @@ CASES: list[tuple[str, Happened, int, Outcome, str | None]] = [
         None,
     ),
     (
+        "ordering: an earlier message of its key is not done",
+        Happened(Phase.ORDER, busy_for_s=25.0),
+        0,
+        Outcome.DEFER,
+        None,
+    ),
+    (
         "claim while draining: not claimed",
         Happened(Phase.CLAIM, ShuttingDown("draining")),
         0,
@@ -661,3 +668,69 @@ def test_a_handler_returning_a_coroutine_is_never_completed(world: Callable[...,
     assert w.deliver(FakeMessage(op="k")) == "ack"  # to review, not completed
     assert w.record()["status"] == "failed"
     assert "awaitable" in w.record()["error"]
+
+
+# -- ordering keys --------------------------------------------------------------------
+
+
+def _ordered(op: str, data: bytes = b"payload") -> FakeMessage:
+    message = FakeMessage(data, op=op)
+    message.ordering_key = "customer-1"  # type: ignore[attr-defined]
+    return message
+
+
+def test_a_deferred_message_is_not_overtaken_by_the_next_of_its_ordering_key() -> None:
+    ran: list[str] = []
+    w = World(lambda message, job: ran.append(job.key))
+    first, second = _ordered("k1"), _ordered("k2")  # published in this order
+    w.store.fail["create"] = StoreError("briefly down")
+    assert w.deliver(first) == "defer"
+    del w.store.fail["create"]
+    assert w.deliver(second) == "defer"  # held back behind the first: not claimed, not run
+    assert second.actions[0] == first.actions[0]  # back no earlier than the first
+    assert ran == []
+    assert w.deliver(_again(first)) == "ack"
+    assert w.deliver(_again(second)) == "ack"
+    assert ran == ["k1", "k2"]
+
+
+def test_a_retried_message_holds_its_key_until_it_is_done() -> None:
+    ran: list[str] = []
+
+    def handler(message: Any, job: pubsub_worker.Job) -> None:
+        ran.append(job.key)
+        if message.data == b"flaky" and job.attempt == 1:
+            raise ValueError("transient")
+
+    w = World(handler)
+    first, second = _ordered("k1", b"flaky"), _ordered("k2")
+    assert w.deliver(first) == "nack"  # a failed attempt: released, nacked
+    assert w.deliver(second) == "defer"  # waits for the first
+    assert w.deliver(_again(first)) == "ack"
+    assert w.deliver(_again(second)) == "ack"
+    assert ran == ["k1", "k1", "k2"]
+
+
+def test_a_message_sent_to_review_does_not_hold_its_key() -> None:
+    """Like a dead-letter topic: the rest of the key goes on; replay runs it after them."""
+    ran: list[str] = []
+
+    def handler(message: Any, job: pubsub_worker.Job) -> None:
+        ran.append(job.key)
+        if message.data == b"poison":
+            raise PermanentError("never")
+
+    w = World(handler)
+    assert w.deliver(_ordered("k1", b"poison")) == "ack"
+    assert w.deliver(_ordered("k2")) == "ack"
+    assert ran == ["k1", "k2"]
+    assert len(w.reviews()) == 1
+
+
+def _again(message: FakeMessage) -> FakeMessage:
+    """A redelivery of ``message``: same id and publish time, a new ack id."""
+    again = FakeMessage(message.data, **message.attributes)
+    again.message_id, again.publish_time = message.message_id, message.publish_time
+    again.ack_id = message.ack_id + "-again"
+    again.ordering_key = "customer-1"  # type: ignore[attr-defined]
+    return again
