@@ -109,6 +109,7 @@ def _subscription_request(spec: SubscriptionSpec, project: str) -> dict[str, obj
         "topic": topic_path(project, spec.topic),
         "ack_deadline_seconds": spec.ack_deadline_seconds,
         "enable_exactly_once_delivery": spec.exactly_once,
+        "enable_message_ordering": spec.ordering,
     }
     if spec.dead_letter is not None:
         request["dead_letter_policy"] = {
@@ -128,6 +129,7 @@ def _differences(existing: Subscription, spec: SubscriptionSpec, project: str) -
         "topic": topic_path(project, spec.topic),
         "ack_deadline_seconds": spec.ack_deadline_seconds,
         "enable_exactly_once_delivery": spec.exactly_once,
+        "enable_message_ordering": spec.ordering,
     }
     return [
         f"{key}={getattr(existing, key)!r} (declared {value!r})"
@@ -243,6 +245,7 @@ def create_subscription(
     ack_deadline_seconds: int = 10,
     max_delivery_attempts: int | None = None,
     retry: RetrySpec | None = None,
+    ordering: bool = False,
     prefix: str = "t",
 ) -> SubscriptionHandle:
     """Create a uniquely named topic and subscription (and dead-letter pair if asked).
@@ -256,6 +259,8 @@ def create_subscription(
         max_delivery_attempts: If set (5..100), add a dead-letter topic with a
             subscription of its own and forward after that many deliveries.
         retry: Retry policy back-off, or None for immediate redelivery.
+        ordering: Enable message ordering on the subscription (ordering keys are
+            delivered in publish order; publish with message ordering enabled).
         prefix: Start of the generated ids (a letter first).
 
     Raises:
@@ -276,6 +281,7 @@ def create_subscription(
         ack_deadline_seconds=ack_deadline_seconds,
         dead_letter=dead_letter,
         retry=retry,
+        ordering=ordering,
     )
     topology = Topology(topics=tuple(topics), subscriptions=(main, *extra))
     made = bootstrap(topology, project=project, publisher=publisher, subscriber=subscriber)

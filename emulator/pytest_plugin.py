@@ -81,6 +81,7 @@ class MakeSubscription(Protocol):
         ack_deadline_seconds: int = 10,
         max_delivery_attempts: int | None = None,
         retry: RetrySpec | None = None,
+        ordering: bool = False,
         prefix: str = "t",
     ) -> SubscriptionHandle: ...
 
@@ -227,8 +228,9 @@ def make_subscription(
 
     Call with keyword options ``exactly_once`` (default True),
     ``ack_deadline_seconds`` (10), ``max_delivery_attempts`` (None: no
-    dead-letter topic), ``retry`` (:class:`~emulator.RetrySpec` or None) and
-    ``prefix``. Returns a :class:`~emulator.SubscriptionHandle`.
+    dead-letter topic), ``retry`` (:class:`~emulator.RetrySpec` or None),
+    ``ordering`` (False: no message ordering) and ``prefix``. Returns a
+    :class:`~emulator.SubscriptionHandle`.
     """
     made: list[SubscriptionHandle] = []
 

@@ -12,6 +12,7 @@ A topology file, every key shown (only ``name`` and ``topic`` are required)::
     name = "jobs-worker"
     topic = "jobs"
     exactly_once = true             # default false
+    ordering = true                 # message ordering (ordering keys); default false
     ack_deadline_seconds = 10       # 10..600, default 10
     dead_letter = { topic = "jobs-dead", max_delivery_attempts = 5 }   # 5..100
     retry = { min_backoff_seconds = 1, max_backoff_seconds = 60 }      # 0..600
@@ -95,6 +96,9 @@ class SubscriptionSpec:
         ack_deadline_seconds: Initial ack deadline, 10..600.
         dead_letter: Dead-letter policy; its topic must be declared too.
         retry: Retry policy; None means immediate redelivery.
+        ordering: Enable message ordering: messages published with the same
+            ordering key are delivered in publish order (the publisher must
+            enable message ordering too).
     """
 
     name: str
@@ -103,6 +107,7 @@ class SubscriptionSpec:
     ack_deadline_seconds: int = 10
     dead_letter: DeadLetterSpec | None = None
     retry: RetrySpec | None = None
+    ordering: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,10 +188,10 @@ def _validate_subscription(sub: SubscriptionSpec, path: str, topics: set[str]) -
     _check_name(sub.topic, f"{path}.topic")
     if sub.topic not in topics:
         raise TopologyError(f"topic {sub.topic!r} is not declared in topics", path=f"{path}.topic")
-    if not isinstance(sub.exactly_once, bool):
-        raise TopologyError(
-            f"must be true or false, got {sub.exactly_once!r}", path=f"{path}.exactly_once"
-        )
+    for flag in ("exactly_once", "ordering"):
+        value = getattr(sub, flag)
+        if not isinstance(value, bool):
+            raise TopologyError(f"must be true or false, got {value!r}", path=f"{path}.{flag}")
     deadline = sub.ack_deadline_seconds
     if not _is_int(deadline) or not MIN_ACK_DEADLINE_S <= deadline <= MAX_ACK_DEADLINE_S:
         raise TopologyError(
@@ -241,7 +246,15 @@ def _validate_retry(retry: RetrySpec, path: str) -> None:
 
 _TOP_KEYS = {"topics", "subscriptions"}
 _TOPIC_KEYS = {"name"}
-_SUB_KEYS = {"name", "topic", "exactly_once", "ack_deadline_seconds", "dead_letter", "retry"}
+_SUB_KEYS = {
+    "name",
+    "topic",
+    "exactly_once",
+    "ordering",
+    "ack_deadline_seconds",
+    "dead_letter",
+    "retry",
+}
 _DEAD_LETTER_KEYS = {"topic", "max_delivery_attempts"}
 _RETRY_KEYS = {"min_backoff_seconds", "max_backoff_seconds"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from emulator import (
     load_topology,
     parse_topology,
 )
+from emulator.pytest_plugin import MakeSubscription
 
 VALID = """\
 [[topics]]
@@ -55,6 +57,38 @@ def test_valid_file_parses_every_key() -> None:
     )
     audit = topology.subscription("jobs-audit")
     assert (audit.exactly_once, audit.ack_deadline_seconds, audit.dead_letter) == (False, 10, None)
+
+
+def test_ordering_is_read_and_off_by_default() -> None:
+    text = VALID.replace("exactly_once = true", "exactly_once = true\nordering = true")
+    topology = parse_topology(text)
+    assert topology.subscription("jobs-worker").ordering is True
+    assert topology.subscription("jobs-audit").ordering is False
+    assert SubscriptionSpec("s-1", topic="jobs").ordering is False
+
+
+def test_ordering_must_be_a_boolean() -> None:
+    error = _error(VALID.replace("exactly_once = true", 'exactly_once = true\nordering = "yes"'))
+    assert error.path == "subscriptions[0].ordering"
+    assert error.line == 11
+    assert "must be true or false, got 'yes'" in str(error)
+    with pytest.raises(TopologyError) as info:
+        Topology(
+            topics=(TopicSpec("jobs"),),
+            subscriptions=(SubscriptionSpec("w-1", topic="jobs", ordering=1),),  # type: ignore[arg-type]
+        )
+    assert info.value.path == "subscriptions[0].ordering"
+
+
+def test_factory_creates_a_subscription_with_message_ordering(
+    subscriber: Any, make_subscription: MakeSubscription
+) -> None:
+    ordered = make_subscription(exactly_once=True, ordering=True)
+    plain = make_subscription(exactly_once=True)
+    sub = subscriber.get_subscription(subscription=ordered.subscription_path)
+    assert (sub.enable_message_ordering, sub.enable_exactly_once_delivery) == (True, True)
+    sub = subscriber.get_subscription(subscription=plain.subscription_path)
+    assert (sub.enable_message_ordering, sub.enable_exactly_once_delivery) == (False, True)
 
 
 def test_bundled_example_is_valid() -> None:
