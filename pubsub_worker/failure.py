@@ -4,18 +4,34 @@ A job that keeps failing (``MAX_ATTEMPTS`` claims), raises
 :class:`~pubsub_worker.errors.PermanentError`, or a message that cannot
 become a job (missing key attribute, a key reused for another payload) is
 sent here instead of being retried forever. The order is fixed so that
-nothing is lost on a crash:
+nothing is lost on a crash and a stale owner publishes nothing:
 
-1. publish the original data and attributes, plus the reason, to
+1. for a claimed job, a fenced write of its document (conditioned on this
+   owner's version, like every write of the owner; it renews the Firestore
+   lease): if another owner claimed the job meanwhile (or a replay reset it),
+   :class:`~pubsub_worker.errors.LostOwnership` is raised here, before
+   anything is published, and the new owner alone decides the job's fate;
+2. for a claimed job, publish its committed outbox entries not sent yet
+   (their steps committed: the effect happened), with their effect keys,
+   and mark them sent, in a second fenced write when any went out. An
+   entry that still cannot be published is not an error here: it stays
+   unsent in the failed record (``pubsub-worker jobs show`` lists it) and is
+   published when the job is replayed, by the claim of the replayed
+   message, before its handler runs;
+3. publish the original data and attributes, plus the reason, to
    ``FAILURE_TOPIC`` (when configured) and wait for the publish;
-2. write the ``failed`` record (fenced by the epoch for a claimed job), with
+4. write the ``failed`` record (fenced by the epoch for a claimed job), with
    the original data when it fits, so ``pubsub-worker replay`` can revive it;
-3. only then ack the message.
+5. only then ack the message.
 
-A crash between 1 and 2 publishes the failure again on the redelivery (the
-failure message carries the key, so a reviewer sees the duplicate); a crash
-between 2 and 3 acks on the redelivery without publishing again. If step 1
-or 2 fails, the message is not acked: it comes back after a backoff.
+A crash after an entry went out in 2 but before its mark was written
+publishes it again on the redelivery, with the same effect key (a consumer
+keyed on it drops the copy); a crash between 3 and 4 publishes the failure
+again on the redelivery (the failure message carries the key, so a reviewer
+sees the duplicate); a crash between 4 and 5 acks on the redelivery without
+publishing again. If a write of 1, 2 or 4 or the publish of 3 fails, the
+message is not acked: it comes back after a backoff (or, ownership lost, it
+is left to the new owner).
 
 **Production's limits.** The failure message carries the library's
 ``pubsub_worker_*`` attributes plus as many of the original attributes as
@@ -37,11 +53,11 @@ from typing import Any
 from . import store as s
 from .claim import now_utc
 from .context import Publish
-from .errors import FailurePathUnavailable
+from .errors import FailurePathUnavailable, OutboxUnsent
 from .job import Job
 from .keys import display, document_id
 from .limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
-from .logs import job_logger
+from .logs import JobLogger, job_logger
 from .metrics import Counter, Metrics
 from .outbox import LIBRARY_ATTRIBUTE_PREFIX
 from .records import STEPS_BUDGET_BYTES, encodable_text
@@ -92,13 +108,20 @@ class FailurePath:
     ) -> None:
         """Publish for review, record ``failed``; the caller acks after this returns.
 
-        With ``job`` the record is the job's own document, written only if this
-        owner still holds it (else :class:`~pubsub_worker.errors.LostOwnership`).
-        Without, a separate record keyed by the message id is created.
-        Raises :class:`~pubsub_worker.errors.FailurePathUnavailable` when the
-        message can be neither published for review nor kept in its record;
-        any error of the publish or the write propagates (nothing is acked).
+        With ``job`` the record is the job's own document: ownership is
+        confirmed by a fenced write before anything is published, the job's
+        unsent outbox entries are published (those that still fail stay unsent
+        in the record, for the replay), and the record is written only if this
+        owner still holds the job. A stale owner gets
+        :class:`~pubsub_worker.errors.LostOwnership` and publishes nothing for
+        review. Without ``job``, a separate record keyed by the message id is
+        created. Raises :class:`~pubsub_worker.errors.FailurePathUnavailable`
+        when the message can be neither published for review nor kept in its
+        record; any error of the publish or the write propagates (nothing is
+        acked).
         """
+        log = job_logger(_LOGGER, key or "?", message_id)
+        unsent = self._own_and_flush(job, log) if job is not None else 0
         room = job.document_room if job is not None else STEPS_BUDGET_BYTES
         stored = len(data) <= min(MAX_STORED_DATA_BYTES, room)
         published = False
@@ -133,9 +156,36 @@ class FailurePath:
         else:
             self._record_rejected(message_id, key, reason, extra.pop(s.ERROR, error), extra)
         self._metrics.inc(Counter.FAILED, reason=reason)
-        job_logger(_LOGGER, key or "?", message_id).error(
-            "sent to the failure path (%s): %s", reason, error
-        )
+        log.error("sent to the failure path (%s): %s", reason, error)
+        if unsent:
+            log.warning(
+                "%d outbox entr%s of the failed job not published; published when the job "
+                "is replayed (pubsub-worker jobs show lists them)",
+                unsent,
+                "y" if unsent == 1 else "ies",
+            )
+
+    @staticmethod
+    def _own_and_flush(job: Job, log: JobLogger) -> int:
+        """Steps 1 and 2 of the module docstring; how many entries stay unsent.
+
+        Raises :class:`~pubsub_worker.errors.LostOwnership` when another owner
+        holds the job (nothing published for review), or a store error.
+        """
+        document = job.document
+        document.write()  # fenced: a stale owner stops here, before any publish
+        before = job.unsent_count
+        if not before:
+            return 0
+        try:
+            job.publish_unsent()
+        except OutboxUnsent as exc:
+            log.warning("%s; kept unsent in the failed record", exc)
+        if job.unsent_count < before:
+            # The sent marks are durable before the review goes out, and ownership is
+            # confirmed again after publishes that may have taken a while.
+            document.write()
+        return job.unsent_count
 
     def review_message(
         self,

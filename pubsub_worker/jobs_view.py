@@ -2,7 +2,8 @@
 
 :class:`JobView` is a job document as an operator reads it (status, epoch,
 owner, the lease left on Firestore's clock, every step with its time and
-size, the outbox and the last error), built from the stored fields the way
+size, the outbox and the last error; a failed job's unsent outbox entries
+are marked as published on replay), built from the stored fields the way
 a claim reads them; :meth:`JobView.to_json` gives it in plain JSON types.
 :func:`render_job` is ``jobs show`` as text, one fact per line, and
 :func:`render_table` is ``jobs list`` as an aligned table. Every stored
@@ -14,6 +15,7 @@ store: :mod:`pubsub_worker.jobs` does.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -166,6 +168,15 @@ class JobView:
         )
 
     @property
+    def unsent(self) -> tuple[OutboxView, ...]:
+        """Outbox entries committed and not published yet.
+
+        A running or released job publishes them at its next claim (before its
+        handler runs) or before it completes; a failed job, when it is replayed.
+        """
+        return tuple(entry for entry in self.outbox if not entry.sent)
+
+    @property
     def is_job(self) -> bool:
         """False for a message rejected before it became a job (missing key, conflict)."""
         return self.epoch > 0
@@ -259,11 +270,21 @@ def render_job(view: JobView) -> str:
             f"{_size(step.size_bytes)}"
         )
     lines.append(f"  outbox       {len(view.outbox)}" + (":" if view.outbox else ""))
+    failed = view.status is Status.FAILED
+    not_sent = "NOT SENT (published on replay)" if failed else "NOT SENT"
     for entry in view.outbox:
         lines.append(
             f"    {printable(entry.id)}  step {printable(entry.step)}  -> "
             f"{printable(entry.topic)}  {_size(entry.size_bytes)}  "
-            + ("sent" if entry.sent else "NOT SENT")
+            + ("sent" if entry.sent else not_sent)
+        )
+    if failed and view.unsent and view.is_job:
+        count = len(view.unsent)
+        key = shlex.quote(printable(view.key, None)) if view.key is not None else view.doc_id
+        lines.append(
+            f"  unsent       {count} outbox entr{'y' if count == 1 else 'ies'} of committed "
+            "steps not published; published, with the same effect keys, when the job is "
+            f"replayed (pubsub-worker jobs replay {key})"
         )
     lines.append(
         f"  last error   {printable(view.error, _SHOWN)}" if view.error else "  last error   -"

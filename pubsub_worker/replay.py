@@ -35,7 +35,12 @@ finds it was replayed moments ago.
 Only after the reset is the original message published again, with the same
 key, so that it meets a ``released`` record (published first, it would meet
 a ``failed`` one and be acked unprocessed). The recorded steps stay: the
-replayed job skips every step that already took effect. A crash between
+replayed job skips every step that already took effect. So do its outbox
+entries: one the failure path could not publish (its step committed, the
+publish failed) is kept unsent, and the claim of the replayed message
+publishes it, with its effect key, before the handler runs (while it still
+cannot be published, that claim releases the job and the message comes
+back after a backoff, no attempt counted). A crash between
 reset and publish leaves a record reset by a replay with nothing written
 since; once ``timeout_s`` has passed on the server's clock, ``replay --key``
 replays it again. A second copy of the message, should one go out (such a

@@ -14,7 +14,10 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     ``publish_outside`` (``job.publish()`` outside any step),
                     ``big`` (``CHAOS_STEPS`` steps ``s1``.. of ``CHAOS_RESULT_BYTES`` each),
                     ``permanent_surrogate`` / ``fail_surrogate`` (``PermanentError`` / a plain
-                    error whose message holds a file name with a lone surrogate)
+                    error whose message holds a file name with a lone surrogate),
+                    ``permanent_in_step`` (step ``a`` raises ``PermanentError``),
+                    ``outbox_permanent`` (step ``produce`` publishes to ``CHAOS_OUTPUT_TOPIC``,
+                    then, past the gate ``before_raise``, ``PermanentError``)
 ``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point
                     (through the library's :class:`~pubsub_worker.hooks.Hooks`):
                     ``step:NAME`` inside step NAME; ``before_ack`` after the completion
@@ -282,6 +285,31 @@ def handle_fail_surrogate(message: Any, job: pubsub_worker.Job) -> None:
     raise RuntimeError(f"bad file {BAD_FILE_NAME}")
 
 
+def handle_permanent_in_step(message: Any, job: pubsub_worker.Job) -> None:
+    def run() -> str:
+        if "step:a" in GATES:
+            gate.hold(EFFECTS, "step:a")
+        effect("a", job.key, job.epoch)
+        raise pubsub_worker.PermanentError("payload can never be processed")
+
+    job.step("a", run)
+
+
+def handle_outbox_permanent(message: Any, job: pubsub_worker.Job) -> None:
+    topic = _env("CHAOS_OUTPUT_TOPIC")
+
+    def produce() -> str:
+        effect("produce", job.key, job.epoch)
+        job.publish(topic, b"output:" + message.data, source="chaos")
+        return "produced"
+
+    job.step("produce", produce)
+    if "before_raise" in GATES:
+        gate.hold(EFFECTS, "before_raise")
+    effect("raise", job.key, job.epoch)
+    raise pubsub_worker.PermanentError("payload can never be processed")
+
+
 HANDLERS: dict[str, Callable[..., None]] = {
     "steps": handle_steps,
     "always_fail": handle_always_fail,
@@ -296,6 +324,8 @@ HANDLERS: dict[str, Callable[..., None]] = {
     "big": handle_big,
     "permanent_surrogate": handle_permanent_surrogate,
     "fail_surrogate": handle_fail_surrogate,
+    "permanent_in_step": handle_permanent_in_step,
+    "outbox_permanent": handle_outbox_permanent,
 }
 
 
