@@ -325,7 +325,7 @@ class DeliveryFlow:
                 self._write(decision)
                 break
             except Exception as exc:  # noqa: BLE001 - a failed write is an event like any other
-                if decision.outcome is Outcome.REVIEW:
+                if decision.outcome is Outcome.REVIEW and not isinstance(exc, LostOwnership):
                     rt.metrics.inc(Counter.FAILURE_PATH_ERRORS)
                     self._log.error("failure path failed; the message comes back: %s", exc)
                 phase = _WRITE_PHASE[decision.outcome]
