@@ -41,7 +41,8 @@ class EventLoopThread:
 
     def __init__(self, name: str = "pubsub-worker-loop") -> None:
         self._name = name
-        self._lock = threading.Lock()  # guards _loop, _thread, _io
+        self._lock = threading.Lock()  # guards _loop, _thread, _io, _running
+        self._running: set[concurrent.futures.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._io: concurrent.futures.ThreadPoolExecutor | None = None
@@ -75,9 +76,32 @@ class EventLoopThread:
         return self._io
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for it in the calling thread."""
+        """Run ``coro`` on the loop and wait for it in the calling thread.
+
+        Raises ``concurrent.futures.CancelledError`` if :meth:`cancel_running`
+        (or :meth:`stop`) cancelled it.
+        """
         loop = self.start()
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        with self._lock:
+            self._running.add(future)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._running.discard(future)
+
+    def cancel_running(self) -> int:
+        """Cancel every coroutine :meth:`run` is waiting for (the handlers'); how many.
+
+        For an ``async def`` handler, cancellation is the cooperative stop: a
+        task awaiting a long call (no ``job.*`` boundary in sight) ends at once.
+        """
+        with self._lock:
+            running = list(self._running)
+        for future in running:
+            future.cancel()
+        return len(running)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loop and its pool; tasks still running are cancelled."""

@@ -33,12 +33,12 @@ __all__ = ["Completer"]
 class Completer:
     """A pool of ``threads`` that runs conclusions, and counts those under way. Thread-safe."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, *, taking: bool = True) -> None:
         self._threads = max(threads, 1)
-        self._pool = self._new_pool()
+        self._pool: ThreadPoolExecutor | None = self._new_pool() if taking else None
         self._cond = threading.Condition()  # guards _pending, _closed and _pool
         self._pending = 0
-        self._closed = False
+        self._closed = not taking
 
     def _new_pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -52,13 +52,12 @@ class Completer:
         delivery's trace span and log context go with it.
         """
         with self._cond:
-            if self._closed:
+            pool = self._pool
+            if self._closed or pool is None:
                 return False
             self._pending += 1
         context = contextvars.copy_context()
         try:
-            with self._cond:
-                pool = self._pool
             pool.submit(context.run, self._run, conclusion)
         except RuntimeError:  # the pool shut down in between
             self._done()
@@ -85,11 +84,12 @@ class Completer:
             self._closed = True
             pool = self._pool
         done = self.wait(timeout_s)
-        pool.shutdown(wait=done)
+        if pool is not None:
+            pool.shutdown(wait=done)
         return done
 
     def reopen(self) -> None:
-        """Take conclusions again after :meth:`close` (a worker started again); idempotent."""
+        """Take conclusions (again, after :meth:`close`); idempotent."""
         with self._cond:
             if self._closed:
                 self._pool = self._new_pool()

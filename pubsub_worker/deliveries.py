@@ -143,6 +143,9 @@ class KeyGate:
 class _Unfinished:
     published: float
     """The message's publish time (seconds since the epoch): what "earlier" means in a key."""
+    arrival: int
+    """Its first arrival here, in this process's order: breaks ties of publish time (messages of
+    one publish request can share it), as the client hands a key's messages out in order."""
     back_at: float
     """``time.monotonic()`` when the message is expected back (its deferral ends)."""
 
@@ -156,7 +159,8 @@ class OrderingKeys:
     after it. A message deferred (dropped with a deadline: a busy owner, a store
     briefly down) or released lets the next one of its key through before it
     comes back. So a message of a key is held back (deferred too) while an
-    *earlier-published* message of the same key is unfinished here; a
+    *earlier* message of the same key is unfinished here (earlier: published
+    before it, or at the same time and received here first); a
     completed, acked or reviewed message finishes. An entry expires
     ``expiry_s`` after its message was expected back (it may have come back
     to another worker), so a key is never blocked for good.
@@ -169,33 +173,58 @@ class OrderingKeys:
         self._lock = threading.Lock()  # guards _keys and _count
         self._keys: dict[str, dict[str, _Unfinished]] = {}
         self._count = 0
+        self._arrivals = itertools.count(1)
+
+    def arrival(self) -> int:
+        """A number for a message received now: later arrivals get larger numbers."""
+        return next(self._arrivals)
 
     def blocked_for(
-        self, key: str, message_id: str, published: float, now: float | None = None
+        self,
+        key: str,
+        message_id: str,
+        published: float,
+        arrival: int,
+        now: float | None = None,
     ) -> float | None:
-        """Seconds until an earlier unfinished message of ``key`` is back; None if none is."""
+        """Seconds until an earlier unfinished message of ``key`` is back; None if none is.
+
+        ``arrival`` (from :meth:`arrival`) orders messages published at the same time; a
+        message already unfinished here keeps its first arrival.
+        """
         now = time.monotonic() if now is None else now
         with self._lock:
             entries = self._prune(key, now)
+            own = entries.get(message_id)
+            mine = (published, own.arrival if own is not None else arrival)
             waits = [
                 entry.back_at - now
                 for other, entry in entries.items()
-                if other != message_id and entry.published < published
+                if other != message_id and (entry.published, entry.arrival) < mine
             ]
         return max(*waits, 0.0) if waits else None
 
     def unfinished(
-        self, key: str, message_id: str, published: float, delay_s: float, now: float | None = None
+        self,
+        key: str,
+        message_id: str,
+        published: float,
+        arrival: int,
+        delay_s: float,
+        now: float | None = None,
     ) -> None:
         """``message_id`` of ``key`` ended without being done; it is back in ``delay_s``."""
         now = time.monotonic() if now is None else now
         with self._lock:
             entries = self._prune(key, now)
-            if message_id not in entries:
+            own = entries.get(message_id)
+            if own is None:
                 if self._count >= self.MAX_ENTRIES:
                     return  # bounded memory: past this, later messages are not held back
                 self._count += 1
-            entries[message_id] = _Unfinished(published, now + delay_s)
+            else:
+                arrival = own.arrival  # its first arrival stays its place in the key
+            entries[message_id] = _Unfinished(published, arrival, now + delay_s)
             self._keys[key] = entries
 
     def finished(self, key: str, message_id: str) -> None:

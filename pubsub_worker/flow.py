@@ -77,9 +77,9 @@ class DeliveryFlow:
         self._run_handler = run_handler
         self._gate_doc: str | None = None  # the key this delivery holds
         self._lock = threading.RLock()  # held while concluding: the first conclusion wins
-        self._state = threading.Lock()  # guards _detached, _held, _ended (never held for I/O)
+        self._state = threading.Lock()  # guards _detached, _counted, _ended (never held for I/O)
         self._detached = False  # whoever concludes this delivery ends it, not the callback
-        self._held = False  # the user's own threads hold the message (counted by the completer)
+        self._counted = False  # concluded elsewhere, counted by the completer (drain waits)
         self._ended = False
         self._rt = rt
         self._message = message
@@ -91,6 +91,7 @@ class DeliveryFlow:
         self._started = time.monotonic()
         self.trace = DeliveryTrace(message, rt.settings.subscription_path)
         self._published = message.publish_time.timestamp()
+        self._arrival = rt.ordering.arrival()
         self.decision: Decision | None = None
         self.settled: concurrent.futures.Future[Settled] = concurrent.futures.Future()
         """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
@@ -118,7 +119,9 @@ class DeliveryFlow:
         self._ticket.key = identity.key
         ordering_key = _ordering_key(message)
         if ordering_key:
-            wait_s = rt.ordering.blocked_for(ordering_key, message.message_id, self._published)
+            wait_s = rt.ordering.blocked_for(
+                ordering_key, message.message_id, self._published, self._arrival
+            )
             if wait_s is not None:
                 self.conclude(Happened(Phase.ORDER, busy_for_s=wait_s))
                 return
@@ -151,14 +154,22 @@ class DeliveryFlow:
             self._gate_doc = None
         rt.keeper.forget(self._ticket)
         rt.tracker.forget(self._delivery)
-        if self._held:
+        if self._counted:
             rt.completer.unhold()
 
-    def detach(self) -> bool:
-        """Whoever concludes will end the delivery; False (nothing changed) if decided."""
+    def detach(self, *, counted: bool = False) -> bool:
+        """Whoever concludes will end the delivery; False (nothing changed) if decided.
+
+        ``counted``: the conclusion comes from elsewhere than the completer (the
+        user's threads, an I/O thread), so the completer counts it as pending:
+        :meth:`~pubsub_worker.ExactlyOnce.drain` waits for it.
+        """
         with self._state:
             if self.decision is not None:
                 return False
+            if counted and not self._counted:
+                self._rt.completer.hold()
+                self._counted = True
             self._detached = True
             return True
 
@@ -170,13 +181,10 @@ class DeliveryFlow:
         delivery was decided meanwhile (an ``ack()`` from another thread won).
         """
         job = self._job
-        with self._state:
-            if self.decision is not None or job is None:
-                return False
-            self._rt.completer.hold()
-            self._detached = self._held = True
-            job.held = True
-            self._ticket.expire = self._expire
+        if job is None or not self.detach(counted=True):
+            return False
+        job.held = True
+        self._ticket.expire = self._expire
         return True
 
     def _expire(self) -> None:
@@ -374,7 +382,7 @@ class DeliveryFlow:
         if decision.outcome in _ACKING:
             ordering.finished(key, message_id)
         else:
-            ordering.unfinished(key, message_id, self._published, decision.delay_s)
+            ordering.unfinished(key, message_id, self._published, self._arrival, decision.delay_s)
 
     def _write(self, decision: Decision) -> None:
         job, outcome = self._job, decision.outcome

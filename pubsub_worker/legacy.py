@@ -62,7 +62,7 @@ class Concluding(Protocol):
         """Decide and carry out the outcome; the first call wins. Any thread."""
         ...
 
-    def detach(self) -> bool:
+    def detach(self, *, counted: bool = False) -> bool:
         """Whoever concludes will end the delivery, not the callback's thread (False: decided)."""
         ...
 
@@ -204,7 +204,7 @@ class DeferredMessageProxy(MessageProxy):
         self._job.handler_returned()
         if not _on_loop():
             self._commit_and_conclude(happened, queued)
-        elif self._flow.detach():
+        elif self._flow.detach(counted=True):
             self._io.submit(self._commit_and_conclude, happened, queued)
 
     def _commit_and_conclude(self, happened: Happened, queued: list[Outgoing]) -> None:

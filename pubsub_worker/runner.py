@@ -132,7 +132,7 @@ def _consume(
     stop: threading.Event | None,
     endpoint: MetricsServer | None,
 ) -> int:
-    wrapped.start(settings)
+    wrapped.start(settings, conclude_off_thread=True)  # drained below, before the stream closes
     stop = stop or threading.Event()
     restore = _install_signal_handlers(stop)
     executor = ThreadPoolExecutor(

@@ -58,7 +58,8 @@ class Runtime:
     owner: str
     """This process's worker id: host/pid/random."""
     completer: Completer
-    """Concludes deliveries whose handler returned, off their callback threads."""
+    """Concludes deliveries whose handler returned, off their callback threads (once opened:
+    only a caller that drains it before closing the stream may, as :func:`run` does)."""
     draining: threading.Event
     """Set when the worker stops taking messages: a delivery not yet claimed is nacked."""
     ordering: OrderingKeys
@@ -138,7 +139,7 @@ def build(
         context=context,
         hooks=hooks,
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
-        completer=Completer(settings.max_messages),
+        completer=Completer(settings.max_messages, taking=False),  # run() opens it
         draining=draining,
         ordering=OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)),
     )

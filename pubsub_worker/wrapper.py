@@ -97,8 +97,22 @@ class ExactlyOnce:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def start(self, settings: Settings | None = None, *, check_subscription: bool = True) -> None:
+    def start(
+        self,
+        settings: Settings | None = None,
+        *,
+        check_subscription: bool = True,
+        conclude_off_thread: bool = False,
+    ) -> None:
         """Read settings, build clients, check the subscription; idempotent.
+
+        ``conclude_off_thread``: a job-style handler that returned is concluded
+        (the completion's write, then the ack) off its callback thread, which
+        takes the next message meanwhile. Only for a caller that calls
+        :meth:`drain` before it closes the subscriber's stream, as
+        :func:`pubsub_worker.run` does: otherwise a conclusion could send its
+        ack after the client's dispatcher stopped. Without it, a callback
+        returns once its message is settled, as with the stock client.
 
         Raises :class:`~pubsub_worker.errors.ConfigError` for bad settings, a
         subscription without exactly-once delivery (unless
@@ -123,9 +137,10 @@ class ExactlyOnce:
             elif self._closed or self._draining.is_set():  # started again: a new run
                 self._stopping.clear()
                 self._draining.clear()
-                self._runtime.completer.reopen()
             self._closed = False
             rt = self._runtime
+            if conclude_off_thread:
+                rt.completer.reopen()
             if check_subscription and not rt.checked:
                 subscriber = self._subscriber or clients.subscriber_client(rt.settings)
                 try:
@@ -173,8 +188,14 @@ class ExactlyOnce:
         return True if rt is None else rt.completer.wait(timeout_s)
 
     def stop_jobs(self) -> None:
-        """Ask in-flight jobs to stop at their next boundary; they are released, not acked."""
+        """Ask in-flight jobs to stop at their next boundary; they are released, not acked.
+
+        An ``async def`` handler's task is cancelled too: awaiting a long call,
+        it may be nowhere near a boundary. Its job is released, the attempt
+        given back, as for any stop.
+        """
         self._stopping.set()
+        self._loop.cancel_running()
 
     @property
     def settings(self) -> Settings:

@@ -371,12 +371,6 @@ BATCH = tuple(f"b{n}" for n in range(1, 7))
 """The jobs of :func:`test_messages_published_in_one_request_are_held_back_too`."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OutOfOrder,
-    reason="messages of one Publish request can share a publish time, and the worker holds a "
-    "message back only for unfinished messages of its key published strictly earlier",
-)
 def test_messages_published_in_one_request_are_held_back_too(
     emulators: Emulators,
     subscriber: Any,

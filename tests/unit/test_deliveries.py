@@ -81,32 +81,45 @@ def test_waiting_ends_when_the_waiter_is_superseded() -> None:
 
 def test_a_later_message_of_a_key_waits_for_an_earlier_unfinished_one() -> None:
     keys = OrderingKeys(expiry_s=60)
-    keys.unfinished("o", "m1", published=100.0, delay_s=30, now=0)
-    assert keys.blocked_for("o", "m2", published=101.0, now=5) == 25  # until m1 is back
-    assert keys.blocked_for("o", "m1", published=100.0, now=5) is None  # m1 itself runs
-    assert keys.blocked_for("o", "m0", published=99.0, now=5) is None  # earlier: not held
-    assert keys.blocked_for("other", "m2", published=101.0, now=5) is None
+    keys.unfinished("o", "m1", published=100.0, arrival=1, delay_s=30, now=0)
+    assert keys.blocked_for("o", "m2", published=101.0, arrival=2, now=5) == 25  # until m1 is back
+    assert keys.blocked_for("o", "m1", published=100.0, arrival=3, now=5) is None  # m1 itself
+    assert keys.blocked_for("o", "m0", published=99.0, arrival=4, now=5) is None  # earlier
+    assert keys.blocked_for("other", "m2", published=101.0, arrival=5, now=5) is None
     keys.finished("o", "m1")
-    assert keys.blocked_for("o", "m2", published=101.0, now=6) is None
+    assert keys.blocked_for("o", "m2", published=101.0, arrival=6, now=6) is None
     assert len(keys) == 0
+
+
+def test_messages_published_at_the_same_time_keep_the_order_they_arrived_in() -> None:
+    """One publish request can give several messages the same publish time."""
+    keys = OrderingKeys(expiry_s=60)
+    keys.unfinished("o", "m1", published=7.0, arrival=1, delay_s=10, now=0)
+    assert keys.blocked_for("o", "m2", published=7.0, arrival=2, now=1) == 9
+    keys.unfinished("o", "m2", published=7.0, arrival=2, delay_s=11, now=1)
+    # m1 comes back (a new arrival number): it keeps its first place, m2 does not hold it back.
+    assert keys.blocked_for("o", "m1", published=7.0, arrival=9, now=10) is None
+    keys.unfinished("o", "m1", published=7.0, arrival=9, delay_s=0, now=10)  # retried again
+    assert keys.blocked_for("o", "m1", published=7.0, arrival=10, now=11) is None
+    assert keys.blocked_for("o", "m2", published=7.0, arrival=11, now=11) == 0
 
 
 def test_a_held_back_message_holds_back_the_ones_after_it() -> None:
     """m2 deferred behind m1 is unfinished too: m3 may not pass it once m1 is done."""
     keys = OrderingKeys(expiry_s=60)
-    keys.unfinished("o", "m1", published=1.0, delay_s=10, now=0)
-    keys.unfinished("o", "m2", published=2.0, delay_s=11, now=0)
+    keys.unfinished("o", "m1", published=1.0, arrival=1, delay_s=10, now=0)
+    keys.unfinished("o", "m2", published=2.0, arrival=2, delay_s=11, now=0)
     keys.finished("o", "m1")
-    assert keys.blocked_for("o", "m3", published=3.0, now=1) == 10
-    assert keys.blocked_for("o", "m2", published=2.0, now=1) is None
+    assert keys.blocked_for("o", "m3", published=3.0, arrival=3, now=1) == 10
+    assert keys.blocked_for("o", "m2", published=2.0, arrival=4, now=1) is None
 
 
 def test_an_entry_expires_so_a_key_is_never_blocked_for_good() -> None:
     """The earlier message may have come back to another worker and been done there."""
     keys = OrderingKeys(expiry_s=60)
-    keys.unfinished("o", "m1", published=1.0, delay_s=10, now=0)
-    assert keys.blocked_for("o", "m2", published=2.0, now=69) == 0
-    assert keys.blocked_for("o", "m2", published=2.0, now=70) is None
+    keys.unfinished("o", "m1", published=1.0, arrival=1, delay_s=10, now=0)
+    assert keys.blocked_for("o", "m2", published=2.0, arrival=2, now=69) == 0
+    assert keys.blocked_for("o", "m2", published=2.0, arrival=3, now=70) is None
     assert len(keys) == 0
 
 
@@ -114,6 +127,6 @@ def test_ordering_entries_are_bounded() -> None:
     keys = OrderingKeys(expiry_s=60)
     keys.MAX_ENTRIES = 3
     for n in range(5):
-        keys.unfinished(f"k{n}", "m", published=1.0, delay_s=10, now=0)
+        keys.unfinished(f"k{n}", "m", published=1.0, arrival=n, delay_s=10, now=0)
     assert len(keys) == 3
-    assert keys.blocked_for("k4", "m2", published=2.0, now=1) is None
+    assert keys.blocked_for("k4", "m2", published=2.0, arrival=9, now=1) is None

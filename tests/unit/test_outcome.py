@@ -318,7 +318,7 @@ class World:
             store=self.store,
             publisher=self.publisher,
         )
-        self.wrapped.start(check_subscription=False)
+        self.wrapped.start(check_subscription=False, conclude_off_thread=True)
 
     def deliver(self, message: FakeMessage) -> str:
         self.wrapped(message)
