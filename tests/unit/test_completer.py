@@ -125,7 +125,7 @@ def test_after_drain_a_new_delivery_is_nacked_without_a_claim(held: World) -> No
     held.wrapped(message)
     assert message.outcome == "nack"  # the next worker takes it
     assert held.store.get(document_id(SUB, "fresh")) is None  # nothing was claimed or written
-    held.wrapped.start(check_subscription=False)  # started again (a supervisor's loop): it takes jobs again
+    held.wrapped.start(check_subscription=False)  # started again (a supervisor loop)
     again = FakeMessage(op="fresh")
     held.wrapped(again)
     assert held.wrapped.wait_concluded(10)
