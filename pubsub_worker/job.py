@@ -332,7 +332,7 @@ class Job:
             self._ctx.hooks.after_commit(self.key, name)
             self._outbox.add(entries)
             self._try_publish_unsent()
-        elif self._doc.lease_due():
+        elif self._doc.lease_due() and self._ctx.tracker.is_current(self._delivery):
             # Progress renews the Firestore lease whether or not the record had to be written
             # now: a record kept for the next write would leave the lease as the claim set it.
             self._doc.write()

@@ -230,6 +230,10 @@ def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
         if error is not None and not happened.current:
             # A newer delivery owns the message: writing a release or publishing for review
             # from here would race it (and duplicate its failure message).
+            if isinstance(error, LostOwnership) and not isinstance(
+                error, ProcessingTimeout | ShuttingDown
+            ):
+                return Decision(Outcome.DROP, f"ownership lost ({error})")
             return Decision(Outcome.DROP, f"superseded while running ({describe(error)})")
         return _after_run(error, attempts, max_attempts, lost)
     # A write that carries out an outcome failed.

@@ -27,6 +27,8 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_STEP_SLEEP_S``  seconds each step sleeps (widens pause windows); only the steps in
                     ``CHAOS_SLEEP_STEPS`` and epochs in ``CHAOS_SLEEP_EPOCHS`` if set (commas)
 ``CHAOS_HEARTBEAT`` ``1``: a sleeping step calls ``job.heartbeat()`` every 0.2 s
+``CHAOS_PLAIN_SLEEP_S``  seconds the ``steps`` handler sleeps after step ``a``, outside any step
+                    (in the epochs of ``CHAOS_SLEEP_EPOCHS`` if set)
 ``CHAOS_ASYNC``     ``1``: the ``async def`` version of the scenario (``steps``,
                     ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``legacy``)
 ``CHAOS_GATES``     comma-separated points (``step:NAME``, ``end`` after the last step of
@@ -76,6 +78,7 @@ ASYNC = _env("CHAOS_ASYNC") == "1"
 SLEEP_STEPS = frozenset(name for name in _env("CHAOS_SLEEP_STEPS").split(",") if name)
 SLEEP_EPOCHS = frozenset(int(n) for n in _env("CHAOS_SLEEP_EPOCHS").split(",") if n)
 GATES = frozenset(point for point in _env("CHAOS_GATES").split(",") if point)
+PLAIN_SLEEP_S = float(_env("CHAOS_PLAIN_SLEEP_S", "0") or 0)
 
 
 def effect(name: str, key: str, epoch: int, **extra: Any) -> None:
@@ -150,6 +153,8 @@ def _sleeps(step: str, epoch: int) -> bool:
 def handle_steps(message: Any, job: pubsub_worker.Job) -> None:
     for name in ("a", "b", "c"):
         _step(job, name)
+        if name == "a" and PLAIN_SLEEP_S and _sleeps("a", job.epoch):
+            time.sleep(PLAIN_SLEEP_S)  # plain handler code between steps: no job call
     if "end" in GATES:
         gate.hold(EFFECTS, "end")  # the work is done; the handler has not returned yet
 

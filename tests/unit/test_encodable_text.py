@@ -212,7 +212,7 @@ def test_job_publish_refuses_an_attribute_with_a_lone_surrogate_and_nothing_is_s
     world: Any,
 ) -> None:
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("produce", lambda: job.publish("output", b"out", file=NAME))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", file=NAME))
 
     w = world(handle)
     assert w.deliver(FakeMessage(op="k")) == "ack"
@@ -232,7 +232,7 @@ def test_a_key_with_a_lone_surrogate_publishes_its_outbox_entry_under_a_hashed_e
     key = f"k{NAME}"
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("produce", lambda: job.publish("output", b"out", source="test"))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", source="test"))
 
     w = world(handle)
     assert w.deliver(FakeMessage(op=key)) == "ack"

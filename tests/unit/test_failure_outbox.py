@@ -52,7 +52,7 @@ def test_entries_left_unsent_are_published_before_the_review(
     publishes it, with its effect key, before the failure message, and records it sent."""
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("produce", lambda: job.publish("output", b"out", source="test"))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", source="test"))
         w.publisher.fail.pop(OUTPUT)  # the output topic is back
         raise error
 
@@ -71,7 +71,7 @@ def test_an_entry_that_still_cannot_be_published_stays_unsent_in_the_failed_reco
     world: Callable[..., World],
 ) -> None:
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("produce", lambda: job.publish("output", b"out", source="test"))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", source="test"))
         raise PermanentError("cannot go on")
 
     w = world(handle)
@@ -90,7 +90,7 @@ def test_jobs_show_lists_the_unsent_entry_and_the_replay_publishes_it_before_the
 
     def handle(message: Any, job: pubsub_worker.Job) -> None:
         runs.append(job.epoch)
-        job.step("produce", lambda: job.publish("output", b"out", source="test"))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", source="test"))
         raise PermanentError("cannot go on")
 
     w = world(handle)
@@ -172,7 +172,7 @@ def test_a_stale_owner_s_permanent_error_publishes_nothing_for_review(
 
 def test_a_stale_owner_publishes_no_unsent_entry_either(world: Callable[..., World]) -> None:
     def handle(message: Any, job: pubsub_worker.Job) -> None:
-        job.step("produce", lambda: job.publish("output", b"out", source="test"))
+        job.step("produce", lambda: job.publish(OUTPUT, b"out", source="test"))
         w.publisher.fail.pop(OUTPUT)
         doc_id = document_id(SUB, "k")
         snap = w.store.get(doc_id)
