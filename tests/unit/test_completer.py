@@ -6,6 +6,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -162,3 +163,59 @@ def test_a_conclusion_runs_in_the_submitters_context() -> None:
     assert completer.submit(lambda: seen.append(var.get()))
     assert completer.close(5)
     assert seen == ["the delivery's"]
+
+
+def test_a_completion_with_unsent_entries_never_holds_up_the_completers_other_jobs() -> None:
+    """A publish brownout: the completion of job A must republish its entry, slowly.
+
+    It is concluded on A's own callback thread; job B, concluded on the
+    (one-thread) completer meanwhile, is acked at once instead of queueing
+    behind A's publish until its lease runs out.
+    """
+    output = "projects/p/topics/output"
+    resume = threading.Event()
+    calls: list[str] = []
+
+    def handler(message: Any, job: pubsub_worker.Job) -> None:
+        if job.key == "a":
+            job.step("produce", lambda: job.publish(output, b"out"))
+        else:
+            job.step("plain", lambda: 1)
+
+    w = World(handler, max_messages=1)  # a completer of one thread
+    plain_publish = w.publisher.publish
+
+    def brownout(topic: str, data: bytes, **attributes: str) -> Future[str]:
+        if topic != output:
+            return plain_publish(topic, data, **attributes)
+        calls.append(topic)
+        future: Future[str] = Future()
+        if len(calls) == 1:
+            future.set_exception(RuntimeError("publish timed out"))  # left unsent by its step
+        else:
+            threading.Thread(
+                target=lambda: (resume.wait(10), future.set_result("1")), daemon=True
+            ).start()
+        return future
+
+    w.publisher.publish = brownout  # type: ignore[method-assign]
+    first = FakeMessage(op="a")
+    a = _in_thread(lambda: w.wrapped(first))
+    deadline = time.monotonic() + 10
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) == 2  # A's completion is republishing, slowly
+    second = FakeMessage(op="b")
+    w.wrapped(second)
+    deadline = time.monotonic() + 5
+    while not second.actions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert second.actions == ["ack"]  # B did not wait behind A's publish
+    assert first.actions == []
+    assert a.is_alive()  # A's own callback thread carries A's slow completion
+    resume.set()
+    a.join(10)
+    assert w.wrapped.wait_concluded(10)
+    assert first.outcome == "ack"
+    assert w.record("a")["status"] == "completed"
+    w.close()
