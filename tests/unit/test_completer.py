@@ -193,9 +193,12 @@ def test_a_completion_with_unsent_entries_never_holds_up_the_completers_other_jo
         if len(calls) == 1:
             future.set_exception(RuntimeError("publish timed out"))  # left unsent by its step
         else:
-            threading.Thread(
-                target=lambda: (resume.wait(10), future.set_result("1")), daemon=True
-            ).start()
+
+            def answer_late() -> None:
+                resume.wait(10)
+                future.set_result("1")
+
+            threading.Thread(target=answer_late, daemon=True).start()
         return future
 
     w.publisher.publish = brownout  # type: ignore[method-assign]
