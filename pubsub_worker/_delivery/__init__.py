@@ -1,0 +1,1 @@
+"""The Pub/Sub side: delivery generations, the key gates and the Pub/Sub lease (internal)."""

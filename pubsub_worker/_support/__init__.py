@@ -1,0 +1,1 @@
+"""Support code: logs, metrics, traces, production's limits, the clients (internal)."""
