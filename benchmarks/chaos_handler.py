@@ -48,9 +48,9 @@ from typing import Any
 from google.cloud import firestore
 
 import pubsub_worker
-from pubsub_worker import store as store_layout
 from pubsub_worker.errors import VersionConflict
-from pubsub_worker.store import Changes, Snapshot, Version
+from pubsub_worker.stores import base as store_layout
+from pubsub_worker.stores.base import Changes, Snapshot, Version
 
 __all__ = ["CountingStore", "handle", "process"]
 
@@ -80,7 +80,7 @@ def effect(kind: str, job: pubsub_worker.Job, **extra: Any) -> None:
 
 
 class CountingStore:
-    """A :class:`~pubsub_worker.store.TransactionalStore` around the library's Firestore store.
+    """A :class:`~pubsub_worker.stores.base.TransactionalStore` around the Firestore store.
 
     Built lazily, on the first call, from the settings of the environment
     (nothing is read at import time). Counts conditional commits the store

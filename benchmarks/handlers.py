@@ -12,8 +12,8 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from benchmarks.scenarios import Scenario
 from pubsub_worker import AsyncJob, ExactlyOnce, Hooks, Job, Settings
-from pubsub_worker.store import JobStore
 from pubsub_worker.stores import FirestoreJobStore
+from pubsub_worker.stores.base import JobStore
 
 __all__ = ["STEP_NAMES", "build_wrapped"]
 

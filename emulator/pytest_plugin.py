@@ -172,12 +172,12 @@ def publisher(emulators: Emulators) -> Iterator[Any]:
 
     Its ``publish(topic, data, **attrs)`` raises
     :class:`pubsub_worker.errors.LimitExceeded`, before sending, for a message
-    that breaks production's limits (:mod:`pubsub_worker.limits`), which the
+    that breaks production's limits (:mod:`pubsub_worker._support.limits`), which the
     emulator would accept.
     """
     import google.cloud.pubsub_v1 as pubsub_v1  # noqa: PLC0415
 
-    from pubsub_worker import limits  # noqa: PLC0415
+    from pubsub_worker._support import limits  # noqa: PLC0415
 
     client: Any = pubsub_v1.PublisherClient()
     try:

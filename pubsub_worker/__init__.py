@@ -14,7 +14,14 @@
 
 from __future__ import annotations
 
-from .aio import AsyncJob
+from pubsub_worker._job.async_job import AsyncJob
+from pubsub_worker._job.job import Job
+from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker._worker.outcome import Outcome
+from pubsub_worker._worker.runner import flow_control, run
+from pubsub_worker._worker.wrapper import ExactlyOnce, exactly_once
+from pubsub_worker.stores.base import JobStore, Status
+
 from .errors import (
     AlreadyExists,
     ConfigError,
@@ -33,14 +40,8 @@ from .errors import (
     VersionConflict,
 )
 from .hooks import Hooks
-from .job import Job
-from .metrics import Counter, Metrics
-from .outcome import Outcome
-from .runner import flow_control, run
 from .settings import Settings
-from .store import JobStore, Status
 from .stores import BatchingFirestoreJobStore, FirestoreJobStore, MemoryJobStore
-from .wrapper import ExactlyOnce, exactly_once
 
 __all__ = [
     "AlreadyExists",

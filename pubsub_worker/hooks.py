@@ -36,7 +36,7 @@ class Hooks:
     def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
         """The delivery's outcome was carried out on Pub/Sub.
 
-        ``outcome`` is an :class:`~pubsub_worker.outcome.Outcome` value;
+        ``outcome`` is an :class:`~pubsub_worker._worker.outcome.Outcome` value;
         ``answer`` is the ack's answer (``SUCCESS``, ``INVALID_ACK_ID``,
         ``TIMEOUT`` ...) for outcomes that ack, else ``None``.
         """

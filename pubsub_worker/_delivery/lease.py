@@ -37,7 +37,7 @@ so no more than ``MAX_MESSAGES + PREFETCH_MESSAGES`` callbacks run or queue
 at once (:func:`pubsub_worker.run`).
 
 The Firestore lease is renewed by the job's own writes
-(:mod:`pubsub_worker.fencing`), never by this thread.
+(:mod:`pubsub_worker._job.fencing`), never by this thread.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
-from .deliveries import Delivery
-from .logs import JobLogger, job_logger
-from .metrics import Counter, Metrics
+from pubsub_worker._support.logs import JobLogger, job_logger
+from pubsub_worker._support.metrics import Counter, Metrics
+
+from .generations import Delivery
 
 __all__ = ["LOST_STATUSES", "LeaseKeeper", "Leased", "Ticket", "TrackedJob"]
 

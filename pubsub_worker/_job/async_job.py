@@ -8,7 +8,7 @@ write, settle) off the loop. On the loop, every store write and publish of
 a step runs in a bounded thread pool, so the loop never blocks on Firestore
 or Pub/Sub; a transactional step goes through Firestore's async client.
 
-:class:`AsyncJob` is :class:`~pubsub_worker.job.Job` awaited: the same
+:class:`AsyncJob` is :class:`~pubsub_worker._job.job.Job` awaited: the same
 fences, checked at every ``await job.*`` (``LostOwnership``,
 ``ProcessingTimeout`` and ``ShuttingDown`` are raised there), the same
 records. A step whose task is cancelled while its function runs records
@@ -131,7 +131,7 @@ class EventLoopThread:
 
 
 class AsyncJob:
-    """The job an ``async def`` handler gets: :class:`~pubsub_worker.job.Job`, awaited.
+    """The job an ``async def`` handler gets: :class:`~pubsub_worker._job.job.Job`, awaited.
 
     ``await job.step(name, fn)`` takes a sync or an async ``fn``;
     ``await job.transactional_step(name, fn)`` gives ``fn`` a

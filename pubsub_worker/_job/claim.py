@@ -28,10 +28,18 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
-from . import store as s
-from .errors import StoreError
+from pubsub_worker.errors import StoreError
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import (
+    AlreadyExists,
+    JobRecord,
+    JobStore,
+    Status,
+    Version,
+    VersionConflict,
+)
+
 from .keys import JobIdentity, display
-from .store import AlreadyExists, JobRecord, JobStore, Status, Version, VersionConflict
 
 __all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide", "lease_left_s", "now_utc"]
 

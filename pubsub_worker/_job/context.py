@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .deliveries import DeliveryTracker
-from .hooks import Hooks
-from .metrics import Metrics
-from .store import JobStore
+from pubsub_worker._delivery.generations import DeliveryTracker
+from pubsub_worker._support.metrics import Metrics
+from pubsub_worker.hooks import Hooks
+from pubsub_worker.stores.base import JobStore
 
 __all__ = ["JobContext", "Publish"]
 

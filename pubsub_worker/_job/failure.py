@@ -50,18 +50,19 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import store as s
+from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
+from pubsub_worker._support.logs import JobLogger, job_logger
+from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker.errors import FailurePathUnavailable, OutboxUnsent
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
+
 from .claim import now_utc
 from .context import Publish
-from .errors import FailurePathUnavailable, OutboxUnsent
 from .job import Job
 from .keys import display, document_id
-from .limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
-from .logs import JobLogger, job_logger
-from .metrics import Counter, Metrics
 from .outbox import LIBRARY_ATTRIBUTE_PREFIX
 from .records import STEPS_BUDGET_BYTES, encodable_text
-from .store import AlreadyExists, JobStore, Status
 
 __all__ = ["LEFT_OUT_ATTRIBUTE", "MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
 

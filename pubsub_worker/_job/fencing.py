@@ -2,7 +2,7 @@
 
 :class:`FencedDocument` is the owner's handle on its job document. Every
 write is an update conditioned on the version our previous write returned
-(:mod:`pubsub_worker.store`): any other writer, a new owner's claim or a
+(:mod:`pubsub_worker.stores.base`): any other writer, a new owner's claim or a
 replay included, moves the version, so a stale owner's write fails. A write
 that conflicts is settled by reading the document: still ours (same epoch,
 delivery, running) means our own earlier write landed without its reply,
@@ -12,7 +12,7 @@ and the write is sent again on the new version; anything else is
 **The Firestore lease.** The claim stores ``lease_seconds``; every fenced
 write renews the lease because it moves the document's update time, and a
 job is live while ``update_time + lease_seconds`` is ahead of the reader's
-server read time (:mod:`pubsub_worker.claim`). ``lease_expires_at`` is
+server read time (:mod:`pubsub_worker._job.claim`). ``lease_expires_at`` is
 written too, from this worker's clock, for humans only. The lease is
 renewed by step commits and by heartbeats, at most every third of a lease.
 
@@ -28,13 +28,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import store as s
+from pubsub_worker.errors import LostOwnership, StoreError, VersionConflict
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, JobStore, Status, TransactionalStore, Version
+from pubsub_worker.stores.firestore import FirestoreJobStore
+from pubsub_worker.stores.firestore_async import transact_async
+
 from .claim import now_utc
-from .errors import LostOwnership, StoreError, VersionConflict
 from .records import encodable_text
-from .store import JobRecord, JobStore, Status, TransactionalStore, Version
-from .stores.firestore import FirestoreJobStore
-from .stores.firestore_async import transact_async
 
 __all__ = ["FencedDocument"]
 
@@ -144,7 +145,7 @@ class FencedDocument:
     def release(self, *, error: str | None, attempts: int) -> None:
         """Give the job back (status ``released``) with ``attempts`` claims counted.
 
-        ``error`` is stored made valid UTF-8 (:func:`~pubsub_worker.records.encodable_text`):
+        ``error`` is stored made valid UTF-8 (:func:`~pubsub_worker._job.records.encodable_text`):
         an error text holding a lone surrogate would make the write fail every time.
         """
         self.write(
@@ -162,7 +163,7 @@ class FencedDocument:
         """The failed record of the failure path, with ``extra`` fields (the original message).
 
         ``reason``, ``error`` and every text value of ``extra`` are stored made
-        valid UTF-8 (:func:`~pubsub_worker.records.encodable_text`).
+        valid UTF-8 (:func:`~pubsub_worker._job.records.encodable_text`).
         """
         now = now_utc()
         changes: dict[tuple[str, ...], Any] = {

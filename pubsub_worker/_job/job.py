@@ -1,6 +1,6 @@
 """The job a handler sees: steps, transactional steps, the outbox and heartbeats.
 
-Every write goes through the job's :class:`~pubsub_worker.fencing.FencedDocument`,
+Every write goes through the job's :class:`~pubsub_worker._job.fencing.FencedDocument`,
 conditioned on the version of our previous write. A step's record is
 committed lazily: just before the next step runs, or with the completion, so
 a one-step job costs two writes (claim, complete). The record of step N is
@@ -8,7 +8,7 @@ always durable before step N+1 starts, so a crash never re-runs a step that
 a later step has built on.
 
 The job document has a budget under Firestore's 1 MiB
-(:mod:`pubsub_worker.records`): a step whose result would not fit raises
+(:mod:`pubsub_worker._job.records`): a step whose result would not fit raises
 :class:`~pubsub_worker.errors.DocumentTooLarge` before anything is written,
 so the job goes to the failure path once, its committed steps kept.
 """
@@ -23,23 +23,24 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
-from . import store as s
-from .claim import now_utc
-from .context import JobContext
-from .deliveries import Delivery
-from .errors import (
+from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._support.metrics import Counter, Histogram
+from pubsub_worker._support.tracing import DeliveryTrace
+from pubsub_worker.errors import (
     LostOwnership,
     OutboxUnsent,
     ProcessingTimeout,
     ShuttingDown,
 )
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, OutboxEntry, Version
+
+from .claim import now_utc
+from .context import JobContext
 from .fencing import FencedDocument
 from .keys import JobIdentity
-from .metrics import Counter, Histogram
 from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, escape, unsent
 from .records import Budget, Recorded, TransactionParts, check_step_name, encode
-from .store import JobRecord, OutboxEntry, Version
-from .tracing import DeliveryTrace
 
 __all__ = ["Job"]
 

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import InvalidMessage
+from pubsub_worker.errors import InvalidMessage
 
 __all__ = [
     "KEY_DISPLAY_BYTES",

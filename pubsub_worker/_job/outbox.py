@@ -18,14 +18,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from . import store as s
-from .errors import LimitExceeded, OutboxUnsent
-from .hooks import Hooks
-from .limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
-from .metrics import Counter, Metrics
+from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
+from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker.errors import LimitExceeded, OutboxUnsent
+from pubsub_worker.hooks import Hooks
+from pubsub_worker.settings import LIBRARY_ATTRIBUTE_PREFIX
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import OutboxEntry
+
 from .records import unencodable_at
-from .settings import LIBRARY_ATTRIBUTE_PREFIX
-from .store import OutboxEntry
 
 __all__ = [
     "LIBRARY_ATTRIBUTE_PREFIX",

@@ -14,7 +14,7 @@ holding one fails whole, every time, so text the library did not make itself
 :func:`encodable_text` where it is written: each lone surrogate becomes the
 visible escape ``\\udcff``, nothing is dropped. Names that identify
 something (a step name, a user's own outbox message) are refused instead
-(:func:`check_step_name`, :func:`pubsub_worker.outbox.check_outgoing`):
+(:func:`check_step_name`, :func:`pubsub_worker._job.outbox.check_outgoing`):
 escaping them would change what they name.
 """
 
@@ -24,10 +24,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import store as s
-from .errors import DocumentTooLarge, PermanentError
-from .limits import MAX_DOCUMENT_BYTES
-from .store import JobRecord, OutboxEntry
+from pubsub_worker._support.limits import MAX_DOCUMENT_BYTES
+from pubsub_worker.errors import DocumentTooLarge, PermanentError
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, OutboxEntry
 
 __all__ = [
     "MAX_RESULT_BYTES",

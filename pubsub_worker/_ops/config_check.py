@@ -2,7 +2,7 @@
 
 :func:`run_checks` asks Pub/Sub and Firestore, once each, whether the
 worker would run as configured (the settings themselves, with secrets
-masked and where each came from, are :mod:`pubsub_worker.config_report`):
+masked and where each came from, are :mod:`pubsub_worker._ops.config_report`):
 
 =====================  ===============================================================
 check                  a problem (exit 1) when
@@ -36,10 +36,11 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from . import clients
-from .errors import ConfigError, Unreachable
+from pubsub_worker._support import clients
+from pubsub_worker.errors import ConfigError, Unreachable
+from pubsub_worker.settings import Settings
+
 from .jobs import LIST_INDEXES, IndexField, index_commands
-from .settings import Settings
 
 __all__ = [
     "Check",

@@ -8,7 +8,7 @@ URL passwords before anything is shown. The platform defaults themselves
 grace is :data:`CLOUD_RUN_GRACE_S`) live in :mod:`pubsub_worker.settings`,
 which :meth:`~pubsub_worker.settings.Settings.from_env` applies; they are
 re-exported here. The checks against Pub/Sub and Firestore are
-:mod:`pubsub_worker.config_check`. Nothing here does I/O.
+:mod:`pubsub_worker._ops.config_check`. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 
-from .errors import ConfigError
-from .settings import CLOUD_RUN_GRACE_S, Settings, cloud_run, env_name, platform_overrides
+from pubsub_worker.errors import ConfigError
+from pubsub_worker.settings import (
+    CLOUD_RUN_GRACE_S,
+    Settings,
+    cloud_run,
+    env_name,
+    platform_overrides,
+)
 
 __all__ = [
     "CLOUD_RUN_GRACE_S",

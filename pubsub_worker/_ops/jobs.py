@@ -1,11 +1,11 @@
 """Job inspection and release: what ``pubsub-worker jobs`` reads and the one write it makes.
 
-:func:`show` reads one job through the :class:`~pubsub_worker.store.JobStore`
+:func:`show` reads one job through the :class:`~pubsub_worker.stores.base.JobStore`
 protocol (the document id is derived from the key, as a worker derives it)
-and turns it into a :class:`~pubsub_worker.jobs_view.JobView`: status,
+and turns it into a :class:`~pubsub_worker._ops.jobs_view.JobView`: status,
 epoch, owner, the lease left on Firestore's clock, every step with its time
 and size, the outbox and the last error. How a view is shown (text, table,
-JSON) is :mod:`pubsub_worker.jobs_view`.
+JSON) is :mod:`pubsub_worker._ops.jobs_view`.
 
 :func:`list_jobs` is one Firestore query per page, newest first::
 
@@ -42,13 +42,14 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from . import store as s
-from .claim import now_utc
-from .errors import PubSubWorkerError, StoreError, VersionConflict
-from .failure import rejected_document_id
+from pubsub_worker._job.claim import now_utc
+from pubsub_worker._job.failure import rejected_document_id
+from pubsub_worker._job.keys import document_id
+from pubsub_worker.errors import PubSubWorkerError, StoreError, VersionConflict
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobStore, Status
+
 from .jobs_view import JobView
-from .keys import document_id
-from .store import JobStore, Status
 
 __all__ = [
     "LIST_INDEXES",

@@ -7,9 +7,9 @@ are marked as published on replay), built from the stored fields the way
 a claim reads them; :meth:`JobView.to_json` gives it in plain JSON types.
 :func:`render_job` is ``jobs show`` as text, one fact per line, and
 :func:`render_table` is ``jobs list`` as an aligned table. Every stored
-string is shown through :func:`pubsub_worker.logs.printable`: a key cannot
+string is shown through :func:`pubsub_worker._support.logs.printable`: a key cannot
 forge a line or send terminal escapes. Nothing here reads or writes the
-store: :mod:`pubsub_worker.jobs` does.
+store: :mod:`pubsub_worker._ops.jobs` does.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from . import store as s
-from .claim import lease_left_s
-from .logs import printable
-from .store import JobRecord, Snapshot, Status
+from pubsub_worker._job.claim import lease_left_s
+from pubsub_worker._support.logs import printable
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, Snapshot, Status
 
 __all__ = [
     "JobView",
@@ -158,7 +158,7 @@ class JobView:
 
     @classmethod
     def from_snapshot(cls, doc_id: str, snapshot: Snapshot, now: datetime) -> JobView:
-        """The view of a document read through a :class:`~pubsub_worker.store.JobStore`."""
+        """The view of a document read through a :class:`~pubsub_worker.stores.base.JobStore`."""
         return cls.from_fields(
             doc_id,
             snapshot.fields,

@@ -2,8 +2,8 @@
 
 :func:`list_failed` reads the failure path's records of a subscription (a
 Firestore query: the store protocol has no queries) and parses each through
-:class:`~pubsub_worker.store.JobRecord`. :func:`replay` revives them through
-the :class:`~pubsub_worker.store.JobStore` protocol only. For each job it
+:class:`~pubsub_worker.stores.base.JobRecord`. :func:`replay` revives them through
+the :class:`~pubsub_worker.stores.base.JobStore` protocol only. For each job it
 reads the document afresh and decides from what it finds:
 
 =====================================  =========================================
@@ -59,12 +59,12 @@ from typing import Any, Protocol
 
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from . import store as s
-from .claim import lease_left_s, now_utc
-from .errors import LimitExceeded, StoreError, VersionConflict
-from .keys import REPLAY_OF_ATTRIBUTE, display
-from .limits import check_message
-from .store import JobRecord, JobStore, Snapshot, Status
+from pubsub_worker._job.claim import lease_left_s, now_utc
+from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, display
+from pubsub_worker._support.limits import check_message
+from pubsub_worker.errors import LimitExceeded, StoreError, VersionConflict
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, JobStore, Snapshot, Status
 
 __all__ = [
     "FailedJob",
@@ -210,7 +210,7 @@ def why_not_replayable(
     """Why the job as read must not be reset now, or None if it may be. Pure: no I/O.
 
     Times are the snapshot's server times wherever the store has them, as
-    for leases (:func:`~pubsub_worker.claim.lease_left_s`).
+    for leases (:func:`~pubsub_worker._job.claim.lease_left_s`).
     """
     if record.epoch <= 0:
         return f"rejected before it became a job ({record.reason}); fix and republish"

@@ -16,9 +16,10 @@ from google.auth import exceptions as auth_exceptions
 from google.cloud import firestore
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
+from pubsub_worker.errors import ConfigError, LimitExceeded, Unreachable
+from pubsub_worker.settings import Settings
+
 from . import limits
-from .errors import ConfigError, LimitExceeded, Unreachable
-from .settings import Settings
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -103,7 +104,7 @@ def publisher_function(
     """Adapt a publisher to the ``(topic_path, data, attributes) -> Future`` shape.
 
     Every message is checked against production's limits first
-    (:func:`pubsub_worker.limits.check_message`): one that breaks them is not
+    (:func:`pubsub_worker._support.limits.check_message`): one that breaks them is not
     sent, and the returned future fails with :class:`~pubsub_worker.errors.LimitExceeded`
     (nothing is raised by the call itself), so a caller handles it where it
     handles every other publish error, at ``future.result()``.

@@ -31,7 +31,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import LimitExceeded
+from pubsub_worker.errors import LimitExceeded
 
 __all__ = [
     "MAX_ATTRIBUTES",

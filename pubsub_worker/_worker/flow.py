@@ -1,14 +1,14 @@
 """One delivery, from receipt to its outcome: key, gate, claim, handler, conclusion.
 
 Every way a delivery can end goes through :meth:`DeliveryFlow.conclude`,
-once: :func:`~pubsub_worker.outcome.decide` picks the outcome from what
+once: :func:`~pubsub_worker._worker.outcome.decide` picks the outcome from what
 happened, :meth:`DeliveryFlow.carry_out` makes the write it needs (complete,
 release, fail) and decides again if that write fails, and
-:func:`~pubsub_worker.outcome.settle` acks, nacks, defers or drops. The ack
+:func:`~pubsub_worker._worker.outcome.settle` acks, nacks, defers or drops. The ack
 is always the last thing done, after the job's record is durable.
 
 A handler that returned is concluded on the runtime's
-:class:`~pubsub_worker.completer.Completer` (:meth:`DeliveryFlow.conclude_later`)
+:class:`~pubsub_worker._worker.completer.Completer` (:meth:`DeliveryFlow.conclude_later`)
 and its callback thread is free; the key stays held and the delivery
 tracked until the conclusion is done (:meth:`DeliveryFlow.end`). A delivery
 whose callback handed the message to its own threads is *held*
@@ -27,17 +27,18 @@ from collections.abc import Callable
 
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from .claim import ClaimKind, ClaimRequest, claim
-from .deliveries import Delivery
-from .errors import ConfigError, LostOwnership, ProcessingTimeout, ShuttingDown
-from .job import Job
-from .keys import JobIdentity, derive_identity
-from .lease import Ticket
-from .logs import JobLogger, job_logger
-from .metrics import Counter, Histogram
+from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._delivery.lease import Ticket
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.job import Job
+from pubsub_worker._job.keys import JobIdentity, derive_identity
+from pubsub_worker._support.logs import JobLogger, job_logger
+from pubsub_worker._support.metrics import Counter, Histogram
+from pubsub_worker._support.tracing import DeliveryTrace
+from pubsub_worker.errors import ConfigError, LostOwnership, ProcessingTimeout, ShuttingDown
+
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide, settle
 from .runtime import Runtime
-from .tracing import DeliveryTrace
 
 __all__ = ["BUSY_WAIT_S", "DeliveryFlow", "RunHandler"]
 
@@ -141,6 +142,8 @@ class DeliveryFlow:
         with self._state:
             if self._detached:
                 return
+        with self._lock:  # a conclusion under way on another thread (an early ack()) ends first
+            pass
         self._end()
 
     def _end(self) -> None:

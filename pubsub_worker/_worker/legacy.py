@@ -5,7 +5,7 @@ The callback sees a proxy of the message, with the stock client's contract:
 * ``ack()`` means "the work is done": the completion is committed, then the
   message acked. ``nack()`` means "the attempt failed": the job is released
   (the attempt counted), then the message nacked. Both go through the same
-  ``conclude`` seam as the job-style path (:mod:`pubsub_worker.outcome`), so
+  ``conclude`` seam as the job-style path (:mod:`pubsub_worker._worker.outcome`), so
   shutdown, the processing cap and lost ownership end a callback exactly as
   they end a ``handler(message, job)``. The first of them decides; the job
   refuses ``message.job.*`` calls after it.
@@ -33,8 +33,9 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
-from .job import Job
-from .outbox import Outgoing
+from pubsub_worker._job.job import Job
+from pubsub_worker._job.outbox import Outgoing
+
 from .outcome import Decision, Happened, Outcome, Phase, Settled
 
 __all__ = ["CallbackNacked", "Concluding", "DeferredMessageProxy", "MessageProxy"]
@@ -51,7 +52,7 @@ class CallbackNacked(Exception):
 
 
 class Concluding(Protocol):
-    """What the adapter needs of one delivery (:class:`~pubsub_worker.flow.DeliveryFlow`)."""
+    """What the adapter needs of a delivery (:class:`~pubsub_worker._worker.flow.DeliveryFlow`)."""
 
     @property
     def settled(self) -> concurrent.futures.Future[Settled]:
@@ -151,7 +152,9 @@ class MessageProxy:
                 return
             self._ask(Happened(Phase.RUN, error=raised))
             return
-        if self._asked is None and self._flow.hold():
+        if self._asked is not None:
+            self._flow.detach()  # its own thread concludes it, maybe still: it ends it too
+        elif self._flow.hold():
             self._log.debug("callback returned without ack() or nack(); the message is held")
 
     def _ask(self, happened: Happened) -> None:

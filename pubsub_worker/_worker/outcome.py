@@ -46,8 +46,10 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
 
-from .claim import ClaimKind
-from .errors import (
+from pubsub_worker._delivery.lease import LOST_STATUSES
+from pubsub_worker._job.claim import ClaimKind
+from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker.errors import (
     DocumentTooLarge,
     InvalidMessage,
     LimitExceeded,
@@ -57,8 +59,6 @@ from .errors import (
     ProcessingTimeout,
     ShuttingDown,
 )
-from .lease import LOST_STATUSES
-from .metrics import Counter, Metrics
 
 __all__ = [
     "LOST_STATUSES",

@@ -22,9 +22,10 @@ from typing import Any, cast
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
-from . import clients
+from pubsub_worker._support import clients
+from pubsub_worker.settings import Settings
+
 from .serve import DEFAULT_HOST, Health, MetricsServer
-from .settings import Settings
 from .wrapper import ExactlyOnce, Handler, exactly_once
 
 __all__ = ["ReceiptScheduler", "flow_control", "run", "supervise"]
@@ -98,7 +99,7 @@ def run(
 
     With ``metrics_port`` the worker serves ``/metrics``, ``/livez`` and
     ``/readyz`` on ``metrics_host:metrics_port`` from before its start-up
-    checks until it has stopped (:mod:`pubsub_worker.serve`; 0 picks a free
+    checks until it has stopped (:mod:`pubsub_worker._worker.serve`; 0 picks a free
     port and logs it); readiness follows the streaming pull future.
     """
     settings = settings or Settings.from_env()

@@ -21,18 +21,19 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from . import clients
+from pubsub_worker._delivery.generations import DeliveryTracker, KeyGate, OrderingKeys
+from pubsub_worker._delivery.lease import LeaseKeeper
+from pubsub_worker._job.context import JobContext, Publish
+from pubsub_worker._job.failure import FailurePath
+from pubsub_worker._support import clients
+from pubsub_worker._support.metrics import Metrics
+from pubsub_worker.errors import ConfigError, Unreachable
+from pubsub_worker.hooks import Hooks
+from pubsub_worker.settings import Settings
+from pubsub_worker.stores.base import JobStore
+from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+
 from .completer import Completer
-from .context import JobContext, Publish
-from .deliveries import DeliveryTracker, KeyGate, OrderingKeys
-from .errors import ConfigError, Unreachable
-from .failure import FailurePath
-from .hooks import Hooks
-from .lease import LeaseKeeper
-from .metrics import Metrics
-from .settings import Settings
-from .store import JobStore
-from .stores.batching import BatchingFirestoreJobStore
 
 __all__ = ["Runtime", "build", "check_failure_topic", "check_subscription"]
 

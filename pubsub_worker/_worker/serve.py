@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .metrics import BUCKETS_S, Counter, Histogram, Metrics
+from pubsub_worker._support.metrics import BUCKETS_S, Counter, Histogram, Metrics
 
 __all__ = [
     "DEFAULT_HOST",

@@ -7,7 +7,7 @@ Order of operations for one delivery (see ``docs/architecture.md``)::
         ─► conclude: decide the outcome (pure), write what it needs, settle on Pub/Sub
 
 This module holds the worker's lifecycle and the handler; one delivery's
-path is :class:`~pubsub_worker.flow.DeliveryFlow`.
+path is :class:`~pubsub_worker._worker.flow.DeliveryFlow`.
 """
 
 from __future__ import annotations
@@ -24,19 +24,21 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud import firestore
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from . import clients, runtime
-from .aio import AsyncJob, EventLoopThread
-from .errors import ShuttingDown
+from pubsub_worker._job.async_job import AsyncJob, EventLoopThread
+from pubsub_worker._job.job import Job
+from pubsub_worker._support import clients
+from pubsub_worker._support.logs import job_logger
+from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker.errors import ShuttingDown
+from pubsub_worker.hooks import Hooks
+from pubsub_worker.settings import Settings
+from pubsub_worker.stores.base import JobStore
+
+from . import runtime
 from .flow import DeliveryFlow
-from .hooks import Hooks
-from .job import Job
 from .legacy import DeferredMessageProxy, MessageProxy
-from .logs import job_logger
-from .metrics import Counter, Metrics
 from .outcome import Decision, Happened, Outcome, Phase, backoff_s, settle
 from .runtime import Runtime
-from .settings import Settings
-from .store import JobStore
 
 __all__ = ["ExactlyOnce", "Handler", "exactly_once"]
 
@@ -57,7 +59,7 @@ class ExactlyOnce:
     ``message.nack()``, which are intercepted: ack records the completion
     and then acks, nack releases the job for a retry. Either may be an
     ``async def``: it then runs on the worker's event loop with an
-    :class:`~pubsub_worker.aio.AsyncJob` (``await job.step(...)``).
+    :class:`~pubsub_worker._job.async_job.AsyncJob` (``await job.step(...)``).
 
     Nothing is read from the environment until :meth:`start` or the first
     message; call :meth:`start` yourself to fail fast on bad settings.
@@ -265,7 +267,7 @@ class ExactlyOnce:
         A job-style handler that returned is concluded on the completer
         (``flow.conclude_later``); a failure here. A callback-style handler
         concludes through its message's ``ack()``/``nack()``, here or from its
-        own threads later (:mod:`pubsub_worker.legacy`).
+        own threads later (:mod:`pubsub_worker._worker.legacy`).
         """
         log = job_logger(_LOGGER, job.key, job.message_id)
         if self._async:

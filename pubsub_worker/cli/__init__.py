@@ -13,13 +13,13 @@
     pubsub-worker replay --all | --key KEY ...     (as before) = jobs replay
 
 Settings come from ``PUBSUB_WORKER_*`` variables (on Cloud Run the shutdown
-grace defaults to 5 s, see :mod:`pubsub_worker.config_report`). A
+grace defaults to 5 s, see :mod:`pubsub_worker._ops.config_report`). A
 configuration or connection problem prints one clear line and exits 2 (no
 traceback); ``config`` instead lists every problem and exits 1 if there is
 any. ``replay`` prints one line per job (``replayed``, ``dry-run``,
-``skipped: <why>`` or ``failed: <why>``, see :mod:`pubsub_worker.replay`)
+``skipped: <why>`` or ``failed: <why>``, see :mod:`pubsub_worker._ops.replay`)
 and a summary, and exits 1 unless every job listed was replayed. Keys are
-shown through :func:`pubsub_worker.logs.printable`: a key cannot forge a
+shown through :func:`pubsub_worker._support.logs.printable`: a key cannot forge a
 line or send terminal escapes.
 """
 
@@ -30,10 +30,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from pubsub_worker._support.logs import configure
+from pubsub_worker._worker.serve import DEFAULT_HOST
 from pubsub_worker.errors import ConfigError, PubSubWorkerError, Unreachable
-from pubsub_worker.logs import configure
-from pubsub_worker.serve import DEFAULT_HOST
-from pubsub_worker.store import Status
+from pubsub_worker.stores.base import Status
 
 from .config import cmd_config
 from .environment import settings_from_env

@@ -1,7 +1,7 @@
 """``pubsub-worker config``: the effective settings and the live checks, as text or JSON.
 
-The settings are :func:`pubsub_worker.config_report.effective_settings`
-(secrets masked), the checks :func:`pubsub_worker.config_check.run_checks`.
+The settings are :func:`pubsub_worker._ops.config_report.effective_settings`
+(secrets masked), the checks :func:`pubsub_worker._ops.config_check.run_checks`.
 Every problem is listed and the command exits 1 if there is any.
 """
 
@@ -12,11 +12,11 @@ import json
 import os
 from typing import Any, cast
 
-from pubsub_worker import clients
-from pubsub_worker.config_check import Check, Level, run_checks
-from pubsub_worker.config_report import effective_settings
+from pubsub_worker._ops.config_check import Check, Level, run_checks
+from pubsub_worker._ops.config_report import effective_settings
+from pubsub_worker._support import clients
+from pubsub_worker._support.logs import printable
 from pubsub_worker.errors import ConfigError
-from pubsub_worker.logs import printable
 from pubsub_worker.settings import Settings
 
 __all__ = ["cmd_config"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pubsub_worker import clients
+from pubsub_worker._support import clients
 from pubsub_worker.settings import Settings
 from pubsub_worker.stores import FirestoreJobStore
 

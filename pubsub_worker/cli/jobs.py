@@ -1,9 +1,9 @@
 """``pubsub-worker jobs``: show, list, release and replay jobs; ``failed`` and ``replay`` too.
 
 ``jobs show``, ``jobs list`` and ``jobs release`` go through
-:mod:`pubsub_worker.jobs` and print through :mod:`pubsub_worker.jobs_view`.
+:mod:`pubsub_worker._ops.jobs` and print through :mod:`pubsub_worker._ops.jobs_view`.
 ``jobs replay`` (and the older ``failed`` and ``replay``) go through
-:mod:`pubsub_worker.replay`: one line per job (``replayed``, ``dry-run``,
+:mod:`pubsub_worker._ops.replay`: one line per job (``replayed``, ``dry-run``,
 ``skipped: <why>`` or ``failed: <why>``) and a summary, exit 1 unless
 every job listed was replayed; from ten jobs on, a terminal shows a
 progress bar.
@@ -19,14 +19,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from pubsub_worker import clients
-from pubsub_worker import jobs as job_ops
+from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops.jobs_view import lease_text, render_job, render_table
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
+from pubsub_worker._support import clients
+from pubsub_worker._support.logs import printable
 from pubsub_worker.errors import ConfigError
-from pubsub_worker.jobs_view import lease_text, render_job, render_table
-from pubsub_worker.logs import printable
-from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
 from pubsub_worker.settings import Settings
-from pubsub_worker.store import Status
+from pubsub_worker.stores.base import Status
 
 from . import environment
 

@@ -1,10 +1,10 @@
 """``pubsub-worker run``: load the handler and consume the subscription, or supervise N processes.
 
 ``--processes N`` runs N copies of the command without it, supervised by
-:func:`pubsub_worker.runner.supervise`; with ``--metrics-port PORT``,
+:func:`pubsub_worker._worker.runner.supervise`; with ``--metrics-port PORT``,
 process *i* serves on ``PORT + i``; without ``prometheus-client`` the
 endpoint still answers ``/livez`` and ``/readyz`` (``/metrics`` answers 501,
-:mod:`pubsub_worker.serve`). On Cloud Run the shutdown grace
+:mod:`pubsub_worker._worker.serve`). On Cloud Run the shutdown grace
 defaults to :data:`pubsub_worker.settings.CLOUD_RUN_GRACE_S`
 (:meth:`~pubsub_worker.settings.Settings.from_env` applies it; this command
 logs it).
@@ -20,8 +20,8 @@ import sys
 import threading
 from typing import Any
 
+from pubsub_worker._worker.runner import run, supervise
 from pubsub_worker.errors import ConfigError
-from pubsub_worker.runner import run, supervise
 from pubsub_worker.settings import Settings, cloud_run, platform_overrides
 
 __all__ = ["cmd_run"]

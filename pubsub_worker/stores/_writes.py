@@ -25,7 +25,7 @@ from google.cloud.firestore_v1 import _helpers
 from google.cloud.firestore_v1.field_path import FieldPath
 from google.cloud.firestore_v1.types import write as write_types
 
-from pubsub_worker.store import Changes
+from .base import Changes
 
 __all__ = ["create_write", "framed_bytes", "set_timestamp", "update_write"]
 

@@ -35,8 +35,8 @@ Stored layout (owned here; field names are the constants below)::
       write_id             str            id of the last write, to settle unknown outcomes
 
 A store offers three primitives and nothing else; every decision (claim,
-commit, complete, fail) is built from them in :mod:`pubsub_worker.claim` and
-:mod:`pubsub_worker.job`, so the same logic runs on every store:
+commit, complete, fail) is built from them in :mod:`pubsub_worker._job.claim` and
+:mod:`pubsub_worker._job.job`, so the same logic runs on every store:
 
 * ``get``: the document, its *version* (an opaque value that changes on
   every write: Firestore's update time, a counter in memory) and, where the
@@ -51,7 +51,7 @@ transaction is needed on the hot path (see ``docs/architecture.md``).
 Leases are judged on the store's clock, never on a worker's: the read time
 and update time of one snapshot both come from the server, so a worker whose
 wall clock is off neither takes a live job over early nor waits past a lease
-that has really expired (:func:`pubsub_worker.claim.lease_left_s`).
+that has really expired (:func:`pubsub_worker._job.claim.lease_left_s`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from .errors import AlreadyExists, VersionConflict
+from pubsub_worker.errors import AlreadyExists, VersionConflict
 
 __all__ = [
     "ATTEMPTS",

@@ -58,11 +58,12 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.types import firestore as firestore_types
 from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
 
+from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
-from pubsub_worker.limits import MAX_BATCH_WRITE_BYTES
-from pubsub_worker.store import WRITE_ID, Changes, Version
-from pubsub_worker.stores._writes import create_write, framed_bytes, update_write
-from pubsub_worker.stores.firestore import FirestoreJobStore
+
+from ._writes import create_write, framed_bytes, update_write
+from .base import WRITE_ID, Changes, Version
+from .firestore import FirestoreJobStore
 
 __all__ = ["BatchingFirestoreJobStore", "WriteBatcher"]
 
@@ -150,7 +151,7 @@ class WriteBatcher:
     ended when idle); ``rpc_timeout_s`` bounds each RPC. A batch holds at
     most ``max_batch`` writes and at most ``max_batch_bytes`` bytes of
     serialized ``BatchWriteRequest`` (1 to
-    :data:`~pubsub_worker.limits.MAX_BATCH_WRITE_BYTES`), except that a
+    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`), except that a
     single write larger than that is sent alone (Firestore's own limits
     then refuse that write, and only it). :meth:`submit`
     blocks until its write's outcome is known and returns the new update

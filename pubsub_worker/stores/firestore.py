@@ -7,7 +7,7 @@ own previous write returned. A write that fails with an unknown outcome
 (deadline exceeded, connection cut, unavailable) is settled by reading the
 document back: if it carries this write's ``write_id`` it landed; if the
 version is unchanged it did not and is sent again; otherwise someone else
-wrote and the caller gets :class:`~pubsub_worker.store.VersionConflict`.
+wrote and the caller gets :class:`~pubsub_worker.stores.base.VersionConflict`.
 
 A read returns Firestore's own read time and update time with the fields,
 so leases are judged on the server's clock, not this worker's.
@@ -27,7 +27,8 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
 
 from pubsub_worker.errors import StoreError
-from pubsub_worker.store import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionConflict
+
+from .base import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionConflict
 
 __all__ = ["FirestoreJobStore"]
 
@@ -55,7 +56,7 @@ _RETRIED: tuple[type[Exception], ...] = (*_UNKNOWN_OUTCOME, _Contended)
 
 
 class FirestoreJobStore:
-    """Implements :class:`~pubsub_worker.store.TransactionalStore` on one Firestore collection.
+    """Implements :class:`~pubsub_worker.stores.base.TransactionalStore` on a Firestore collection.
 
     ``rpc_timeout_s`` bounds each RPC (a cut connection must not hang a
     worker); ``retry_deadline_s`` bounds the retries of one operation, after

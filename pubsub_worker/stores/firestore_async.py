@@ -25,8 +25,9 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
 
 from pubsub_worker.errors import StoreError, VersionConflict
-from pubsub_worker.store import WRITE_ID, Changes, Version
-from pubsub_worker.stores.firestore import FirestoreJobStore
+
+from .base import WRITE_ID, Changes, Version
+from .firestore import FirestoreJobStore
 
 __all__ = ["async_twin", "transact_async"]
 

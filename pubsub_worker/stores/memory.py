@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from pubsub_worker.store import AlreadyExists, Changes, Snapshot, Version, VersionConflict
+from .base import AlreadyExists, Changes, Snapshot, Version, VersionConflict
 
 __all__ = ["MemoryJobStore"]
 
@@ -21,7 +21,7 @@ def _utc_now() -> datetime:
 
 
 class MemoryJobStore:
-    """Implements :class:`~pubsub_worker.store.JobStore` with a dict and a lock.
+    """Implements :class:`~pubsub_worker.stores.base.JobStore` with a dict and a lock.
 
     Versions are integers from one counter, so a version is never reused.
     ``clock`` plays the server's clock: it stamps each write's update time

@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="  log: %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:  # the malformed attachment's failure is expected: the summary shows it
-        logging.getLogger("pubsub_worker.failure").setLevel(logging.CRITICAL)
+        logging.getLogger("pubsub_worker._job.failure").setLevel(logging.CRITICAL)
     print("starting the local Pub/Sub and Firestore emulators...", flush=True)
     try:
         emu = start_emulators(PROJECT)

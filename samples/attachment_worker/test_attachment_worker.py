@@ -16,7 +16,7 @@ from google.api_core.exceptions import DeadlineExceeded
 
 import pubsub_worker
 from emulator import Emulators
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
 
 from . import demo
 from .worker import CHUNK_BYTES, card_settings, make_handler, output_id

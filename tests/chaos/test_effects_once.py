@@ -16,7 +16,7 @@ import pytest
 from google.api_core.exceptions import DeadlineExceeded
 
 from emulator import Emulators, SubscriptionHandle, TcpProxy, unique_id
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
 from samples.fenced_sink import FencedSink
 from tests.chaos.conftest import BOTH_FLAVOURS
 from tests.support.gate import Gate

@@ -20,7 +20,7 @@ import pytest
 from google.cloud import firestore
 
 from emulator import Emulators, SubscriptionHandle, TcpProxy
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
 from tests.support.gate import Gate
 from tests.support.observe import acks, deliveries, job_document, runs, step_epochs
 from tests.support.processes import Effects, Worker

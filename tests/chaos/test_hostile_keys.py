@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from emulator import SubscriptionHandle
-from pubsub_worker import limits
-from pubsub_worker.keys import display
+from pubsub_worker._job.keys import display
+from pubsub_worker._support import limits
 from tests.support.observe import acks, job_document
 from tests.support.processes import Effects
 

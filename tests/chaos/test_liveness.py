@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from emulator import Emulators, SubscriptionHandle
-from pubsub_worker.limits import MAX_DOCUMENT_BYTES, document_bytes, problems
+from pubsub_worker._support.limits import MAX_DOCUMENT_BYTES, document_bytes, problems
 from tests.chaos.conftest import LEASE_S
 from tests.support.gate import Gate
 from tests.support.observe import (

@@ -39,9 +39,9 @@ import google.cloud.pubsub_v1 as pubsub_v1
 import pytest
 
 from emulator import Emulators, SubscriptionHandle, subscription_path, unique_id
-from pubsub_worker import store as s
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim
-from pubsub_worker.keys import derive_identity
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import derive_identity
+from pubsub_worker.stores import base as s
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from tests.chaos.conftest import LEASE_S
 from tests.support.observe import collect, job_document, number, wait_until_let_go

@@ -14,8 +14,8 @@ from typing import Any
 from google.cloud import firestore
 
 from emulator import SubscriptionHandle
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim
-from pubsub_worker.keys import derive_identity
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import derive_identity
 from pubsub_worker.stores import FirestoreJobStore
 from tests.chaos.conftest import LEASE_S
 from tests.support.observe import job_document, runs

@@ -18,11 +18,11 @@ from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.types import firestore as firestore_types
 
 from emulator import Emulators, TcpProxy
+from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
-from pubsub_worker.limits import MAX_BATCH_WRITE_BYTES
-from pubsub_worker.store import AlreadyExists, Version, VersionConflict
 from pubsub_worker.stores import batching
 from pubsub_worker.stores._writes import create_write, framed_bytes
+from pubsub_worker.stores.base import AlreadyExists, Version, VersionConflict
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 pytestmark = pytest.mark.emulator

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pubsub_worker.store import AlreadyExists, JobStore, VersionConflict
 from pubsub_worker.stores import FirestoreJobStore, MemoryJobStore
+from pubsub_worker.stores.base import AlreadyExists, JobStore, VersionConflict
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 

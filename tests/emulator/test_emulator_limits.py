@@ -16,7 +16,7 @@ import pytest
 
 from emulator import Emulators, SubscriptionHandle
 from emulator.pytest_plugin import MakeSubscription
-from pubsub_worker import clients
+from pubsub_worker._support import clients
 from pubsub_worker.errors import LimitExceeded
 
 pytestmark = pytest.mark.emulator

@@ -37,7 +37,7 @@ from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle, TcpProxy
 from pubsub_worker import Counter as Metric
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
 from tests.support.observe import assert_not_redelivered, step_epochs
 from tests.support.processes import run_cli
 

@@ -14,8 +14,8 @@ from google.cloud import firestore
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle, unique_id
 from pubsub_worker import Counter
-from pubsub_worker.aio import AsyncJob
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.async_job import AsyncJob
+from pubsub_worker._job.keys import document_id
 from pubsub_worker.stores.firestore_async import async_twin
 
 JOBS = 40

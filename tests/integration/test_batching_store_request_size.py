@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 import pytest
 
-from pubsub_worker.limits import MAX_BATCH_WRITE_BYTES
-from pubsub_worker.records import MAX_RESULT_BYTES, encode
-from pubsub_worker.store import STEPS, Version
+from pubsub_worker._job.records import MAX_RESULT_BYTES, encode
+from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
+from pubsub_worker.stores.base import STEPS, Version
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 pytestmark = pytest.mark.emulator

@@ -10,7 +10,7 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
 from emulator import Emulators
-from pubsub_worker.clients import subscriber_client
+from pubsub_worker._support.clients import subscriber_client
 
 pytestmark = pytest.mark.emulator
 

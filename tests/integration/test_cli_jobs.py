@@ -18,12 +18,12 @@ import pytest
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import Counter
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import derive_identity
 from pubsub_worker.cli import main
 from pubsub_worker.errors import VersionConflict
-from pubsub_worker.keys import derive_identity
-from pubsub_worker.store import JobRecord, Status
 from pubsub_worker.stores import FirestoreJobStore
+from pubsub_worker.stores.base import JobRecord, Status
 from tests.support.observe import end_stale_streams, job_document, step_epochs
 
 pytestmark = pytest.mark.emulator

@@ -15,8 +15,9 @@ from google.cloud import firestore
 
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle, unique_id
-from pubsub_worker import Counter, clients
-from pubsub_worker.keys import document_id
+from pubsub_worker import Counter
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._support import clients
 
 from .conftest import pull_all
 

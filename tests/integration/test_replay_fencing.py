@@ -20,12 +20,13 @@ import pytest
 
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import cli
-from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim, now_utc
+from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim, now_utc
+from pubsub_worker._job.keys import derive_identity
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
 from pubsub_worker.cli import environment as cli_environment
 from pubsub_worker.errors import VersionConflict
-from pubsub_worker.keys import derive_identity
-from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
-from pubsub_worker.store import (
+from pubsub_worker.stores import BatchingFirestoreJobStore, FirestoreJobStore
+from pubsub_worker.stores.base import (
     ATTEMPTS,
     ATTRIBUTES,
     DATA,
@@ -41,7 +42,6 @@ from pubsub_worker.store import (
     Snapshot,
     Status,
 )
-from pubsub_worker.stores import BatchingFirestoreJobStore, FirestoreJobStore
 
 from .conftest import pull_all
 

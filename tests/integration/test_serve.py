@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import Counter
-from pubsub_worker.serve import Health, MetricsServer
+from pubsub_worker._worker.serve import Health, MetricsServer
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.emulator

@@ -11,8 +11,8 @@ import pytest
 import pubsub_worker
 from emulator import SubscriptionHandle
 from pubsub_worker import Counter
-from pubsub_worker.failure import rejected_document_id
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.failure import rejected_document_id
+from pubsub_worker._job.keys import document_id
 
 from .conftest import pull_all
 

@@ -30,7 +30,7 @@ from typing import Any
 import google.cloud.pubsub_v1 as pubsub_v1
 
 import pubsub_worker
-from pubsub_worker.logs import configure
+from pubsub_worker._support.logs import configure
 from tests.support.worker import ChaosHooks, effect
 
 

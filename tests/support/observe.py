@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
 from tests.support.processes import Effects, Worker
 
 REDELIVERY_MARGIN_S = 2.0

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 import pubsub_worker
-from pubsub_worker.logs import configure
+from pubsub_worker._support.logs import configure
 from tests.support.worker import ChaosHooks, effect
 
 

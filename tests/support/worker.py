@@ -59,9 +59,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pubsub_worker
-from pubsub_worker.aio import AsyncJob
+from pubsub_worker._job.async_job import AsyncJob
+from pubsub_worker._support.logs import configure
 from pubsub_worker.hooks import Hooks
-from pubsub_worker.logs import configure
 from tests.support import gate
 
 

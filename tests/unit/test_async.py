@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pubsub_worker
-from pubsub_worker import store as s
-from pubsub_worker.aio import AsyncJob
+from pubsub_worker._job.async_job import AsyncJob
+from pubsub_worker._job.keys import document_id
+from pubsub_worker.stores import base as s
 from tests.unit.test_outcome import FakeMessage, World, world
 
 __all__ = ["world"]  # the fixture, shared with the sync matrix
@@ -79,7 +79,7 @@ def test_shutdown_reaches_the_next_await(world: Callable[..., World]) -> None:
 def test_lost_ownership_reaches_the_next_await(world: Callable[..., World]) -> None:
     async def handle(message: Any, job: AsyncJob) -> None:
         await job.step("a", lambda: 1)
-        doc_id = pubsub_worker.keys.document_id(w.wrapped.settings.subscription_path, job.key)
+        doc_id = document_id(w.wrapped.settings.subscription_path, job.key)
         snap = w.store.get(doc_id)
         assert snap is not None
         w.store.update(doc_id, {(s.EPOCH,): 9}, expected=snap.version)

@@ -6,11 +6,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from pubsub_worker import claim as claim_module
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim, decide, lease_left_s
-from pubsub_worker.keys import derive_identity
-from pubsub_worker.store import EXPIRE_AT, LEASE_SECONDS, JobRecord, Status
+from pubsub_worker._job import claim as claim_module
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim, decide, lease_left_s
+from pubsub_worker._job.keys import derive_identity
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores.base import EXPIRE_AT, LEASE_SECONDS, JobRecord, Status
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SUB = "projects/p/subscriptions/s"

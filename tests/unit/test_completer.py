@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import pubsub_worker
-from pubsub_worker import store as s
-from pubsub_worker.completer import Completer
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._worker.completer import Completer
+from pubsub_worker.stores import base as s
 from tests.unit.test_outcome import SUB, FakeMessage, FlakyStore, World
 
 __all__ = ["held"]

@@ -10,9 +10,9 @@ from google.cloud import firestore_admin_v1 as admin_v1
 from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy, Subscription
 
 from pubsub_worker import Settings
-from pubsub_worker import config_check as cc
-from pubsub_worker import config_report as cr
-from pubsub_worker.jobs import LIST_INDEXES
+from pubsub_worker._ops import config_check as cc
+from pubsub_worker._ops import config_report as cr
+from pubsub_worker._ops.jobs import LIST_INDEXES
 
 SUB = "projects/proj/subscriptions/sub"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pubsub_worker import ConfigError, Settings
-from pubsub_worker.clients import firestore_client, publisher_client, subscriber_client
+from pubsub_worker._support.clients import firestore_client, publisher_client, subscriber_client
 from tests.support.processes import run_cli
 
 

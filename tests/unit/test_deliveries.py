@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pubsub_worker.deliveries import DeliveryTracker, KeyGate, OrderingKeys
+from pubsub_worker._delivery.generations import DeliveryTracker, KeyGate, OrderingKeys
 
 
 def test_a_newer_delivery_supersedes_the_older_one() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pubsub_worker.outbox import escape as _escape
+from pubsub_worker._job.outbox import escape as _escape
 
 
 def test_plain_keys_and_steps_are_unchanged() -> None:

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 import pubsub_worker
-from pubsub_worker import store as s
+from pubsub_worker._job.failure import FailurePath, rejected_document_id
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._job.outbox import Outgoing, check_outgoing, effect_key
+from pubsub_worker._job.records import check_step_name, encodable_text, unencodable_at
+from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import LimitExceeded, PermanentError
-from pubsub_worker.failure import FailurePath, rejected_document_id
-from pubsub_worker.keys import document_id
-from pubsub_worker.metrics import Metrics
-from pubsub_worker.outbox import Outgoing, check_outgoing, effect_key
-from pubsub_worker.records import check_step_name, encodable_text, unencodable_at
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores import base as s
 from tests.unit.test_outcome import FakeMessage
 
 SUB = "projects/p/subscriptions/jobs"

@@ -17,14 +17,14 @@ import pytest
 from google.api_core.exceptions import NotFound, ServiceUnavailable
 
 import pubsub_worker
-from pubsub_worker import jobs as job_ops
-from pubsub_worker import jobs_view
-from pubsub_worker import store as s
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops import jobs_view
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
+from pubsub_worker._worker.outcome import Reason
 from pubsub_worker.errors import PermanentError
-from pubsub_worker.keys import document_id
-from pubsub_worker.outcome import Reason
-from pubsub_worker.replay import FailedJob, ReplayOutcome, replay
-from pubsub_worker.store import JobRecord
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord
 from tests.unit.test_outcome import SUB, FakeMessage, World, world
 
 __all__ = ["world"]

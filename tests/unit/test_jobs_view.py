@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 
-from pubsub_worker import jobs as job_ops
-from pubsub_worker import jobs_view
-from pubsub_worker.claim import Claim, ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import derive_identity, document_id
+from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops import jobs_view
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.cli import jobs as cli_jobs
 from pubsub_worker.errors import VersionConflict
-from pubsub_worker.keys import derive_identity, document_id
-from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult
-from pubsub_worker.store import Changes, JobRecord, Snapshot, Status
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores.base import Changes, JobRecord, Snapshot, Status
 
 SUB = "projects/proj/subscriptions/sub"
 ROOT = Path(__file__).resolve().parents[2]

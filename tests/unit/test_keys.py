@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, derive_identity, display, document_id
 from pubsub_worker.errors import InvalidMessage
-from pubsub_worker.keys import REPLAY_OF_ATTRIBUTE, derive_identity, display, document_id
 
 SUB = "projects/p/subscriptions/s"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -9,9 +9,9 @@ from typing import Any
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
-from pubsub_worker.deliveries import Delivery
-from pubsub_worker.lease import LeaseKeeper, Ticket
-from pubsub_worker.metrics import Counter, Metrics
+from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._delivery.lease import LeaseKeeper, Ticket
+from pubsub_worker._support.metrics import Counter, Metrics
 
 T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and tick()
 

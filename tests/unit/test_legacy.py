@@ -11,8 +11,8 @@ import pytest
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
 import pubsub_worker
-from pubsub_worker import store as s
-from pubsub_worker.keys import document_id
+from pubsub_worker._job.keys import document_id
+from pubsub_worker.stores import base as s
 from tests.unit.test_outcome import SUB, FakeMessage, World
 
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from pubsub_worker import limits
+from pubsub_worker._support import limits
 from pubsub_worker.errors import LimitExceeded, PermanentError
 
 

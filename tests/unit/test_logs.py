@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pubsub_worker.logs import (
+from pubsub_worker._support.logs import (
     KEY_SHOWN_BYTES,
     JsonFormatter,
     TextFormatter,

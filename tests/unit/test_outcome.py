@@ -20,8 +20,9 @@ import pytest
 from google.api_core.exceptions import NotFound
 
 import pubsub_worker
-from pubsub_worker import store as s
-from pubsub_worker.claim import ClaimKind
+from pubsub_worker._job.claim import ClaimKind
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._worker.outcome import Happened, Outcome, Phase, Reason, backoff_s, decide
 from pubsub_worker.errors import (
     DocumentTooLarge,
     FailurePathUnavailable,
@@ -36,9 +37,8 @@ from pubsub_worker.errors import (
     VersionConflict,
 )
 from pubsub_worker.hooks import Hooks
-from pubsub_worker.keys import document_id
-from pubsub_worker.outcome import Happened, Outcome, Phase, Reason, backoff_s, decide
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores import base as s
 
 SUB = "projects/p/subscriptions/jobs"
 FAILURES = "projects/p/topics/failures"

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from pubsub_worker import replay as replay_module
-from pubsub_worker.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, derive_identity
+from pubsub_worker._ops import replay as replay_module
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult, replay
 from pubsub_worker.errors import StoreError, VersionConflict
-from pubsub_worker.keys import REPLAY_OF_ATTRIBUTE, derive_identity
-from pubsub_worker.replay import FailedJob, ReplayOutcome, ReplayResult, replay
-from pubsub_worker.store import (
+from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores.base import (
     ATTEMPTS,
     ATTRIBUTES,
     DATA,
@@ -39,7 +40,6 @@ from pubsub_worker.store import (
     Snapshot,
     Status,
 )
-from pubsub_worker.stores import MemoryJobStore
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SUB = "projects/p/subscriptions/s"

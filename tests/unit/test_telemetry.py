@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import pubsub_worker
-from pubsub_worker import store as s
+from pubsub_worker.stores import base as s
 from tests.unit.test_outcome import SUB, FakeMessage, World, world
 
 __all__ = ["world"]
