@@ -3,9 +3,10 @@
 The key names the *logical* operation, not the delivery: it is read from the
 configured key attribute (``PUBSUB_WORKER_KEY_ATTRIBUTE``) or, when none is
 configured, it is the message id. Keys are attacker-controlled input, so the
-Firestore document id is never the raw key: it is
-``sha256(subscription NUL key)`` in hex, which is always a valid document id
-whatever the key holds (``/``, ``..``, ``__x__``, 2 KB, lone surrogates).
+Firestore document id is never the raw key: it is the hex SHA-256 of the
+namespace (``job``), the subscription and the key, each preceded by its length
+in 8 bytes (:func:`document_id`), which is always a valid document id whatever
+the key holds (``/``, ``..``, ``__x__``, 2 KB, lone surrogates).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pubsub_worker._support.text import KEY_DISPLAY_BYTES, display
+from pubsub_worker._support.text import raw as _raw
 from pubsub_worker.errors import InvalidMessage
 
 __all__ = [
@@ -26,25 +29,9 @@ __all__ = [
     "payload_digest",
 ]
 
-# A key is stored for humans and queries only up to this many bytes; the hash is the identity.
-KEY_DISPLAY_BYTES = 1024
-
 # Set by ``pubsub-worker replay`` when it republishes a failed job whose key was its
 # message id: the replayed message keeps the original key instead of getting a new one.
 REPLAY_OF_ATTRIBUTE = "pubsub_worker_replay_of"
-
-
-def _raw(text: str) -> bytes:
-    # surrogatepass: a str that is not valid UTF-8 (lone surrogates) still hashes, never raises.
-    return text.encode("utf-8", "surrogatepass")
-
-
-def display(text: str, limit: int = KEY_DISPLAY_BYTES) -> str:
-    """``text`` made safe to store and log: valid UTF-8, at most ``limit`` bytes, then ``…``."""
-    clean = _raw(text).decode("utf-8", "replace").encode()
-    if len(clean) <= limit:
-        return clean.decode()
-    return clean[:limit].decode("utf-8", "ignore") + "…"
 
 
 def document_id(subscription: str, key: str, *, namespace: str = "job") -> str:

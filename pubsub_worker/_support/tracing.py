@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pubsub_worker._job.keys import display
+from .text import display
 
 __all__ = ["DeliveryTrace", "parse_trace_parent"]
 
