@@ -85,8 +85,6 @@ class Claim:
     kind: ClaimKind
     record: JobRecord | None = None
     version: Version | None = None
-    busy_until: datetime | None = None
-    """BUSY: the owner's ``lease_expires_at``, on the owner's wall clock (an approximation)."""
     busy_for_s: float = 0.0
     """BUSY: seconds the owner's lease still runs, measured on the store's clock."""
 
@@ -218,13 +216,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             left_s = lease_left_s(
                 record, now, read_time=snap.read_time, update_time=snap.update_time
             )
-            return Claim(
-                kind,
-                record,
-                snap.version,
-                busy_until=record.lease_expires_at,
-                busy_for_s=max(left_s, 0.0),
-            )
+            return Claim(kind, record, snap.version, busy_for_s=max(left_s, 0.0))
         if kind is not ClaimKind.CLAIMED:
             return Claim(kind, record, snap.version)
         changes: dict[tuple[str, ...], Any] = {

@@ -71,11 +71,6 @@ class FencedDocument:
         self._pending: dict[tuple[str, ...], Any] = {}
         self._last_write = time.monotonic()
 
-    @property
-    def lease_s(self) -> float:
-        """The lease length of this claim, in seconds."""
-        return self._lease_s
-
     def stage(self, changes: Mapping[tuple[str, ...], Any]) -> None:
         """Keep ``changes`` for the next write."""
         with self._lock:

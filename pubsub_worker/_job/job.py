@@ -382,11 +382,6 @@ class Job:
     # -- what the worker uses -----------------------------------------------------
 
     @property
-    def delivery(self) -> Delivery:
-        """The delivery this job runs on."""
-        return self._delivery
-
-    @property
     def identity(self) -> JobIdentity:
         """Key, document id and payload digest."""
         return self._identity
