@@ -52,15 +52,8 @@ RunHandler = Callable[[Message, Job, "DeliveryFlow"], None]
 ``conclude`` (here, now), ``conclude_later`` (on the completer, for a handler that
 returned) or ``hold`` (the message handed to the user's own threads)."""
 
-_WRITE_PHASE = {
-    Outcome.COMPLETE: Phase.COMPLETE,
-    Outcome.RETRY: Phase.RELEASE,
-    Outcome.RELEASE: Phase.RELEASE,
-    Outcome.REVIEW: Phase.REVIEW,
-}
-_ACKING = (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW)
-_FINE = (Outcome.ACK, Outcome.COMPLETE, Outcome.RUN)
-_ERROR_TYPES = {Outcome.DROP: "LostOwnership", Outcome.NACK: "LostOwnership"}
+_WRITE_TRIES = sum(1 for outcome in Outcome if outcome.write is not None)
+"""A failed write is decided again, at most this many times (once per writing outcome)."""
 
 
 class DeliveryFlow:
@@ -331,7 +324,7 @@ class DeliveryFlow:
         """Make the write ``decision`` needs (deciding again if it fails), then settle."""
         rt = self._rt
         attempts = self._job.attempt if self._job is not None else 0
-        for _ in range(len(_WRITE_PHASE)):
+        for _ in range(_WRITE_TRIES):
             try:
                 self._write(decision)
                 break
@@ -339,7 +332,8 @@ class DeliveryFlow:
                 if decision.outcome is Outcome.REVIEW and not isinstance(exc, LostOwnership):
                     rt.metrics.inc(Counter.FAILURE_PATH_ERRORS)
                     self._log.error("failure path failed; the message comes back: %s", exc)
-                phase = _WRITE_PHASE[decision.outcome]
+                phase = decision.outcome.write
+                assert phase is not None  # only a write fails
                 current = rt.tracker.is_current(self._delivery)
                 decision = decide(
                     Happened(phase, error=exc, current=current),
@@ -350,7 +344,7 @@ class DeliveryFlow:
         self._count(decision)
         key = self._identity.key if self._identity is not None else None
         message_id = self._message.message_id
-        if decision.outcome in _ACKING:
+        if decision.outcome.acks:
             rt.hooks.before_ack(key, message_id)
 
         def acked(answer: str) -> None:
@@ -359,11 +353,11 @@ class DeliveryFlow:
 
         self._note_order(decision)  # before the settlement lets the next message of its key in
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
-        if decision.outcome not in _ACKING:
+        if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)
             self.settled.set_result(Settled(decision))
-        error_type = None if decision.outcome in _FINE else decision.error_type
-        self.trace.ended(decision.outcome.value, error_type or _ERROR_TYPES.get(decision.outcome))
+        error_type = None if decision.outcome.fine else decision.error_type
+        self.trace.ended(decision.outcome.value, error_type or decision.outcome.lost_error_type)
         rt.metrics.observe(
             Histogram.PROCESS_DURATION,
             time.monotonic() - self._started,
@@ -382,14 +376,14 @@ class DeliveryFlow:
         if not key or decision.outcome is Outcome.DROP:
             return  # no key; or a newer delivery of this very message settles it
         ordering, message_id = self._rt.ordering, self._message.message_id
-        if decision.outcome in _ACKING:
+        if decision.outcome.acks:
             ordering.finished(key, message_id)
         else:
             ordering.unfinished(key, message_id, self._published, self._arrival, decision.delay_s)
 
     def _write(self, decision: Decision) -> None:
         job, outcome = self._job, decision.outcome
-        if outcome not in _WRITE_PHASE:
+        if outcome.write is None:
             return
         if outcome is Outcome.REVIEW:
             message = self._message

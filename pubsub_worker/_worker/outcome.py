@@ -3,10 +3,12 @@
 What happens to a message is an :class:`Outcome`. :func:`decide` maps what
 happened (the phase a delivery reached, and the exception that ended it, if
 any) plus the job's record and the settings to a :class:`Decision`; it does
-no I/O. The wrapper performs the store write an outcome needs (complete,
-release, fail) and, if that write itself fails, decides again from the new
-event; :func:`settle` is then the only code in the library that acks, nacks,
-defers or drops a Pub/Sub message.
+no I/O. Each outcome says what carrying it out takes (:data:`EFFECTS`: does
+it ack, which write, does it count as success); the delivery's flow
+(:meth:`~pubsub_worker._worker.flow.DeliveryFlow.carry_out`) makes the write
+(complete, release, review) and, if that write itself fails, decides again
+from the new event; :func:`settle` is then the only code in the library that
+acks, nacks, defers or drops a Pub/Sub message.
 
 ::
 
@@ -61,8 +63,10 @@ from pubsub_worker.errors import (
 )
 
 __all__ = [
+    "EFFECTS",
     "LOST_STATUSES",
     "Decision",
+    "Effect",
     "Happened",
     "Outcome",
     "Phase",
@@ -81,7 +85,13 @@ MAX_DEFER_S = 600
 
 
 class Outcome(str, Enum):
-    """What happens to one delivery. The first four write the job first; the rest only Pub/Sub."""
+    """What happens to one delivery; what carrying it out takes is in :data:`EFFECTS`.
+
+    ``RUN`` follows the claim's write (the handler runs next); ``COMPLETE``,
+    ``RETRY``, ``RELEASE`` and ``REVIEW`` make one write of the job each
+    (:attr:`write`) before settling; ``ACK``, ``NACK``, ``DEFER`` and ``DROP``
+    write nothing and only settle on Pub/Sub.
+    """
 
     RUN = "run"
     """The delivery owns the job at a new epoch: run the handler (not final)."""
@@ -106,6 +116,26 @@ class Outcome(str, Enum):
     """This delivery is stale (a newer one exists, or Pub/Sub refused its ack id): stop
     leasing it and never ack; the current delivery owns the message."""
 
+    @property
+    def acks(self) -> bool:
+        """Settled by an ack (the job's record is final); otherwise nacked, deferred or dropped."""
+        return EFFECTS[self].acks
+
+    @property
+    def write(self) -> Phase | None:
+        """The phase of the write that carries it out (its failure is decided again); or None."""
+        return EFFECTS[self].write
+
+    @property
+    def fine(self) -> bool:
+        """A success for metrics and traces (no ``error.type``)."""
+        return EFFECTS[self].fine
+
+    @property
+    def lost_error_type(self) -> str | None:
+        """The error type a trace names when the decision carries none (ownership was lost)."""
+        return EFFECTS[self].lost_error_type
+
 
 class Phase(str, Enum):
     """How far a delivery got."""
@@ -118,6 +148,35 @@ class Phase(str, Enum):
     COMPLETE = "complete"
     RELEASE = "release"
     REVIEW = "review"
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What carrying out an :class:`Outcome` takes."""
+
+    acks: bool
+    write: Phase | None
+    fine: bool
+    lost_error_type: str | None = None
+
+
+_LOST = LostOwnership.__name__
+
+# fmt: off
+EFFECTS: dict[Outcome, Effect] = {
+    #                         acks   write           fine   lost as
+    Outcome.RUN:      Effect(False, None,           True),         # the claim was the write
+    Outcome.COMPLETE: Effect(True,  Phase.COMPLETE, True),
+    Outcome.RETRY:    Effect(False, Phase.RELEASE,  False),        # counts the attempt
+    Outcome.RELEASE:  Effect(False, Phase.RELEASE,  False),
+    Outcome.REVIEW:   Effect(True,  Phase.REVIEW,   False),
+    Outcome.ACK:      Effect(True,  None,           True),
+    Outcome.NACK:     Effect(False, None,           False, _LOST),
+    Outcome.DEFER:    Effect(False, None,           False),
+    Outcome.DROP:     Effect(False, None,           False, _LOST),
+}
+"""Each outcome's ack, write and success, at a glance (the properties of :class:`Outcome`)."""
+# fmt: on
 
 
 class Reason:
@@ -332,7 +391,7 @@ def settle(
     next delivery sees the record and acks); it is counted as ``acks_lost``.
     """
     outcome = decision.outcome
-    if outcome in (Outcome.ACK, Outcome.COMPLETE, Outcome.REVIEW):
+    if outcome.acks:
         _ack(message, metrics, log, on_ack)
     elif outcome is Outcome.DROP:
         message.drop()

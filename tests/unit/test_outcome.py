@@ -9,6 +9,7 @@ drop), what the job record says, and what was published for review.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +23,17 @@ from google.api_core.exceptions import NotFound
 import pubsub_worker
 from pubsub_worker._job.claim import ClaimKind
 from pubsub_worker._job.keys import document_id
-from pubsub_worker._worker.outcome import Happened, Outcome, Phase, Reason, backoff_s, decide
+from pubsub_worker._support.metrics import Metrics
+from pubsub_worker._worker.outcome import (
+    Decision,
+    Happened,
+    Outcome,
+    Phase,
+    Reason,
+    backoff_s,
+    decide,
+    settle,
+)
 from pubsub_worker.errors import (
     DocumentTooLarge,
     FailurePathUnavailable,
@@ -205,6 +216,31 @@ def test_a_busy_owner_defers_until_its_lease_ends_within_pubsub_bounds() -> None
 
 def test_backoff_doubles_and_is_bounded() -> None:
     assert [backoff_s(n) for n in (0, 1, 2, 3, 7, 50)] == [10, 10, 20, 40, 600, 600]
+
+
+def test_each_outcome_says_if_it_acks_which_write_carries_it_out_and_if_it_is_success() -> None:
+    lost = "LostOwnership"
+    table = {o: (o.acks, o.write, o.fine, o.lost_error_type) for o in Outcome}
+    assert table == {
+        Outcome.RUN: (False, None, True, None),
+        Outcome.COMPLETE: (True, Phase.COMPLETE, True, None),
+        Outcome.RETRY: (False, Phase.RELEASE, False, None),
+        Outcome.RELEASE: (False, Phase.RELEASE, False, None),
+        Outcome.REVIEW: (True, Phase.REVIEW, False, None),
+        Outcome.ACK: (True, None, True, None),
+        Outcome.NACK: (False, None, False, lost),
+        Outcome.DEFER: (False, None, False, None),
+        Outcome.DROP: (False, None, False, lost),
+    }
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 30.0])
+def test_settle_acks_exactly_the_outcomes_that_say_they_ack(delay_s: float) -> None:
+    for outcome in Outcome:
+        message = FakeMessage()
+        decision = Decision(outcome, "why", delay_s=delay_s)
+        settle(decision, message, metrics=Metrics(), log=logging.getLogger("test"))
+        assert (message.outcome == "ack") is outcome.acks, outcome
 
 
 # -- the wrapper on the in-memory store ---------------------------------------------
