@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -194,20 +194,12 @@ class FencedDocument:
         if not isinstance(store, TransactionalStore):
             raise StoreError(f"{type(store).__name__} cannot run transactional steps")
         all_changes = self._with_staged(changes)
+
+        async def attempt(expected: Version) -> tuple[T, Version]:
+            return store.transact(self._doc_id, expected=expected, body=body, changes=all_changes)
+
         with self._lock:
-            for _ in range(_WRITE_ROUNDS):
-                expected = self._version if self._version is not None else self.resettle()
-                try:
-                    result, version = store.transact(
-                        self._doc_id, expected=expected, body=body, changes=all_changes
-                    )
-                except VersionConflict:
-                    if (record := self._adopted(adopt)) is not None:
-                        return None, record
-                    continue
-                self._committed(version)
-                return result, None
-            raise self._on_lost("the transactional step kept conflicting with another writer")
+            return _run_unsuspended(self._transact(attempt, adopt))
 
     async def transact_async(
         self,
@@ -225,12 +217,29 @@ class FencedDocument:
         if not isinstance(store, FirestoreJobStore):
             raise StoreError(f"{type(store).__name__} cannot run async transactional steps")
         all_changes = self._with_staged(changes)
+
+        async def attempt(expected: Version) -> tuple[T, Version]:
+            return await transact_async(
+                store, self._doc_id, expected=expected, body=body, changes=all_changes
+            )
+
+        return await self._transact(attempt, adopt)
+
+    async def _transact(
+        self,
+        attempt: Callable[[Version], Awaitable[tuple[T, Version]]],
+        adopt: Callable[[JobRecord], bool],
+    ) -> tuple[T | None, JobRecord | None]:
+        """The rounds of :meth:`transact` and :meth:`transact_async`: ``attempt`` commits once.
+
+        A conflict is settled by reading: our own commit whose reply was lost
+        is adopted, a new owner is :class:`LostOwnership`, anything else
+        (our own earlier write moved the version) is tried again.
+        """
         for _ in range(_WRITE_ROUNDS):
             expected = self._version if self._version is not None else self.resettle()
             try:
-                result, version = await transact_async(
-                    store, self._doc_id, expected=expected, body=body, changes=all_changes
-                )
+                result, version = await attempt(expected)
             except VersionConflict:
                 if (record := self._adopted(adopt)) is not None:
                     return None, record
@@ -296,3 +305,17 @@ class FencedDocument:
                 f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})"
             )
         return record, snap.version
+
+
+def _run_unsuspended(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (its awaits are plain calls) on this thread.
+
+    The synchronous :meth:`FencedDocument.transact` shares its rounds with the
+    async one this way, without an event loop.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a synchronous transaction suspended")
