@@ -1,10 +1,9 @@
 """Job writes as raw Firestore ``Write`` protobufs, built without proto-plus.
 
-The client library builds a write through proto-plus wrappers, which costs
-about 120 us per create and 180 us per update of a job document on this
-project's machines; filling the raw protobuf directly costs a fraction of
-that. The values a job document holds (None, bool, int, float, str, bytes,
-datetime, dict, list, tuple) are encoded here exactly as
+The client library builds a write through proto-plus wrappers; filling the
+raw protobuf directly costs a fraction of its CPU. The values a job
+document holds (None, bool, int, float, str, bytes, datetime, dict, list,
+tuple) are encoded here exactly as
 ``google.cloud.firestore_v1._helpers.encode_value`` does. A write holding
 anything else (a sentinel such as ``SERVER_TIMESTAMP``, a ``GeoPoint``, a
 document reference, a set, BSON types) is built by the library's own

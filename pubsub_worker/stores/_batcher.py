@@ -1,0 +1,385 @@
+"""The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
+
+:class:`WriteBatcher` queues raw ``Write`` protobufs and sends them together
+in one ``BatchWrite`` RPC (group commit), at most ``max_in_flight`` batches
+at a time. A write that finds a batch slot free is sent at once by the
+thread that brings it, with whatever else is queued (at most ``max_batch``
+writes and ``max_batch_bytes`` of serialized request, 4 MB by default: a
+request refused for its size, over 10 MiB in production or 4 MiB on the
+emulator, fails every write in it); writes that arrive while every slot is
+busy wait for a flusher thread, which sends them in one batch as soon as a
+slot frees. At low load a batch holds one write and nothing waits for a
+timer or another thread (``linger_s`` holds each batch open longer, on a
+flusher: fewer RPCs, more latency). A batch never holds two writes to one
+document (they could apply in either order), and a document is never in two
+batches in flight at once.
+
+Each write's outcome is its own: ``BatchWrite`` is not atomic, and the
+response carries a status and an update time per write. Settling a write
+whose outcome is unknown is the store's part
+(:class:`~pubsub_worker.stores.batching.BatchingFirestoreJobStore`).
+
+The request is sent raw on the client's own gRPC channel, with the metadata
+its generated client sends (resource prefix, routing header, client info,
+the emulator's token), skipping the generated client's wrapped method
+(proto-plus, ``api_core``'s retry and timeout layers, its logging channel);
+``python -m benchmarks.rpc_cost`` measures the difference
+(``docs/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.api_core import exceptions as gexc
+from google.api_core import gapic_v1
+from google.cloud import firestore
+from google.cloud.firestore_v1.types import firestore as firestore_types
+from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
+
+from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
+from pubsub_worker.errors import StoreError
+
+from ._writes import framed_bytes
+from .base import Version
+
+__all__ = ["IDLE_EXIT_S", "MAX_BATCH_WRITES", "WriteBatcher"]
+
+_LOGGER = logging.getLogger(__name__)
+
+MAX_BATCH_WRITES = 500
+"""Firestore's limit of writes in one BatchWrite request."""
+IDLE_EXIT_S = 10.0
+"""A flusher thread idle this long ends; the next write starts another."""
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_BATCH_WRITE_METHOD = "/google.firestore.v1.Firestore/BatchWrite"
+_BATCH_WRITE_REQUEST = firestore_types.BatchWriteRequest.pb()
+_BATCH_WRITE_RESPONSE = firestore_types.BatchWriteResponse.pb()
+
+
+def _batch_write_call(client: firestore.Client) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """The ``BatchWrite`` method on the client's gRPC channel, and the metadata to send.
+
+    The channel is the generated client's own (the emulator's, or the one
+    with the project's credentials); the metadata is what its wrapped method
+    adds to ``client._rpc_metadata``: the routing header and the client info.
+    """
+    transport = client._firestore_api._transport
+    call = transport.grpc_channel.unary_unary(
+        _BATCH_WRITE_METHOD,
+        request_serializer=_BATCH_WRITE_REQUEST.SerializeToString,
+        response_deserializer=_BATCH_WRITE_RESPONSE.FromString,
+    )
+    routing = gapic_v1.routing_header.to_grpc_metadata(  # type: ignore[no-untyped-call]
+        (("database", client._database_string),)
+    )
+    info = client._client_info.to_grpc_metadata()
+    return call, (*client._rpc_metadata, routing, info)
+
+
+def _held_lock() -> Any:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
+class _Write:
+    """One queued write and, once sent, its outcome.
+
+    Its waiter blocks on a lock held until the write is settled: one lock
+    per write, released once, instead of an ``Event`` (a ``Condition``, its
+    lock and a waiter lock per wait, and a ``notify_all``).
+    """
+
+    doc_path: str
+    pb: Any
+    """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
+    size: int
+    """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
+    version: Version | None = None
+    error: BaseException | None = None
+    sent: bool = False
+    settled: bool = False
+    _unsettled: Any = field(default_factory=_held_lock, repr=False)
+
+    def settle(self, version: Version | None, error: BaseException | None) -> None:
+        """Record the outcome and wake the waiter; called once, by the sending thread."""
+        if self.settled:
+            return
+        self.version, self.error = version, error
+        self.settled = True
+        self._unsettled.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once settled; False if ``timeout`` passed first."""
+        if self._unsettled.acquire(timeout=-1 if timeout is None else timeout):
+            self._unsettled.release()  # every later wait returns at once
+            return True
+        return False
+
+
+class WriteBatcher:
+    """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
+
+    At most ``max_in_flight`` batches are in flight: a write that finds a
+    slot free is sent by its own thread; the others by up to
+    ``max_in_flight`` flusher threads (started when a write has to wait,
+    ended once idle for ``idle_exit_s`` seconds); ``rpc_timeout_s`` bounds
+    each RPC. A batch holds at
+    most ``max_batch`` writes and at most ``max_batch_bytes`` bytes of
+    serialized ``BatchWriteRequest`` (1 to
+    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`), except that a
+    single write larger than that is sent alone (Firestore's own limits
+    then refuse that write, and only it). :meth:`submit`
+    blocks until its write's outcome is known and returns the new update
+    time, or raises the write's own error as a
+    :class:`google.api_core.exceptions.GoogleAPICallError`.
+    """
+
+    def __init__(
+        self,
+        client: firestore.Client,
+        *,
+        rpc_timeout_s: float = 10.0,
+        max_batch: int = 100,
+        max_in_flight: int = 2,
+        linger_s: float = 0.0,
+        max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
+        idle_exit_s: float = IDLE_EXIT_S,
+    ) -> None:
+        if not 1 <= max_batch <= MAX_BATCH_WRITES:
+            raise ValueError(f"max_batch must be 1..{MAX_BATCH_WRITES}")
+        if not 1 <= max_batch_bytes <= MAX_BATCH_WRITE_BYTES:
+            raise ValueError(f"max_batch_bytes must be 1..{MAX_BATCH_WRITE_BYTES}")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self._call, self._metadata = _batch_write_call(client)
+        self._database: str = client._database_string
+        self._rpc_timeout_s = rpc_timeout_s
+        self._max_batch = max_batch
+        # What the writes of one batch may add to the request's own field (its database).
+        self._write_budget = max_batch_bytes - framed_bytes(len(self._database.encode()))
+        self._max_in_flight = max_in_flight
+        self._linger_s = linger_s
+        self._idle_exit_s = idle_exit_s
+        self._cond = threading.Condition()  # guards everything below
+        self._queue: deque[_Write] = deque()
+        self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
+        self._busy_docs: set[str] = set()
+        self._sending = 0  # batches in flight, at most max_in_flight
+        self._threads: list[threading.Thread] = []
+        self._started = 0
+        self._closed = False
+        self.batches = 0
+        """Batches sent so far."""
+        self.writes = 0
+        """Writes sent so far (``writes / batches`` is the mean batch size)."""
+
+    def submit(self, write_pb: Any) -> Version:
+        """Queue one raw ``Write`` protobuf; wait for its outcome.
+
+        Raises the write's error: ``AlreadyExists``, ``FailedPrecondition``,
+        ``NotFound`` for a failed precondition; any other
+        ``GoogleAPICallError`` when the outcome is unknown or the write was
+        rejected. A write still queued after the wait budget is withdrawn and
+        ``ServiceUnavailable`` raised (it was never sent).
+        """
+        # Sized once, here, outside the lock (ByteSize() serializes the write).
+        write = _Write(write_pb.update.name, write_pb, framed_bytes(write_pb.ByteSize()))
+        batch: list[_Write] = []
+        with self._cond:
+            if self._closed:
+                raise StoreError("the job store is closed")
+            self._queue.append(write)
+            self._queued_bytes += write.size
+            if self._linger_s == 0 and self._ready():
+                batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
+            if self._queue:
+                self._start_flushers()
+                self._wake_flusher()
+        if batch:
+            self._run(batch)
+        if not write.wait(self._rpc_timeout_s + 5.0):
+            with self._cond:
+                if not write.sent:
+                    self._queue.remove(write)
+                    self._queued_bytes -= write.size
+                    raise gexc.ServiceUnavailable(  # type: ignore[no-untyped-call]
+                        "the write waited too long for a batch"
+                    )
+            write.wait()  # in flight: the RPC's own timeout ends it
+        if write.error is not None:
+            raise write.error
+        return write.version
+
+    def close(self) -> None:
+        """Stop the flushers once the queue is empty; later writes raise ``StoreError``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self._rpc_timeout_s + 5.0)
+
+    # -- flushers ---------------------------------------------------------------------
+
+    def _start_flushers(self) -> None:
+        while len(self._threads) < self._max_in_flight:
+            self._started += 1
+            thread = threading.Thread(
+                target=self._flush_forever,
+                name=f"pubsub-worker-batch-writer-{self._started}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _run(self, batch: list[_Write]) -> None:
+        """Send a popped batch, settle every write in it, free its slot."""
+        try:
+            self._send(batch)
+        except BaseException as exc:  # never leave a caller waiting (settled ones stay)
+            for write in batch:
+                write.settle(None, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self._cond:
+                self._busy_docs.difference_update(w.doc_path for w in batch)
+                self._sending -= 1
+                if self._queue:
+                    if not self._closed:
+                        self._start_flushers()
+                    self._wake_flusher()
+
+    def _flush_forever(self) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                self._run(batch)
+        finally:
+            with self._cond:
+                me = threading.current_thread()
+                if me in self._threads:
+                    self._threads.remove(me)
+                if self._queue and not self._closed:
+                    self._start_flushers()  # a write came in as this flusher ended
+
+    def _take(self) -> list[_Write] | None:
+        """The next batch, never empty; marks its documents busy.
+
+        None when this flusher should end: closed and drained, or idle for
+        ``idle_exit_s`` (the next write starts a new one).
+        """
+        with self._cond:
+            while True:
+                while not self._ready():
+                    if self._closed and not self._queue:
+                        self._threads.remove(threading.current_thread())
+                        return None
+                    if not self._cond.wait(self._idle_exit_s) and not self._queue:
+                        self._threads.remove(threading.current_thread())
+                        return None
+                if self._linger_s > 0:
+                    deadline = time.monotonic() + self._linger_s
+                    while (
+                        len(self._queue) < self._max_batch
+                        and self._queued_bytes < self._write_budget
+                    ):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                batch = self._pop_batch()
+                if batch:  # else another flusher took them while this one lingered
+                    return batch
+
+    def _pop_batch(self) -> list[_Write]:
+        """Queued writes for one request, in queue order; marks their documents busy.
+
+        At most ``max_batch`` writes, of at most ``max_batch_bytes`` with the
+        request's own field, one per document, none to a busy document. The
+        oldest write that can go is always taken, however big: a write over
+        the cap goes alone, and a write left for a later batch keeps its place.
+        """
+        batch: list[_Write] = []
+        docs: set[str] = set()
+        held: set[str] = set()  # documents of writes left for a later batch by their size
+        kept: deque[_Write] = deque()
+        room = self._write_budget
+        while self._queue and len(batch) < self._max_batch:
+            write = self._queue.popleft()
+            doc = write.doc_path
+            if doc in docs or doc in self._busy_docs or doc in held:
+                kept.append(write)  # one write per document per batch, in order
+                continue
+            if batch and write.size > room:
+                kept.append(write)  # a later batch; its document's later writes stay behind it
+                held.add(doc)
+                continue
+            room -= write.size
+            docs.add(doc)
+            write.sent = True
+            batch.append(write)
+        kept.extend(self._queue)
+        self._queue = kept
+        self._queued_bytes -= self._write_budget - room
+        self._busy_docs.update(docs)
+        if batch:
+            self._sending += 1
+        if len(self._threads) > 1:
+            self._wake_flusher()  # another flusher can take the rest
+        return batch
+
+    def _wake_flusher(self) -> None:
+        """Wake one flusher if it has something to do: a batch slot free and a write ready.
+
+        With every slot busy a woken flusher would only find nothing to send
+        and wait again (the slot's sender wakes one when it is done); a
+        lingering flusher is woken for every write, to see its batch fill.
+        """
+        if self._queue and (self._linger_s > 0 or self._ready()):
+            self._cond.notify()
+
+    def _ready(self) -> bool:
+        """A batch slot is free and some queued write's document is not in flight."""
+        return self._sending < self._max_in_flight and any(
+            w.doc_path not in self._busy_docs for w in self._queue
+        )
+
+    def _send(self, batch: list[_Write]) -> None:
+        self.batches += 1
+        self.writes += len(batch)
+        request = _BATCH_WRITE_REQUEST(database=self._database, writes=[w.pb for w in batch])
+        try:
+            raw = self._call(request, timeout=self._rpc_timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            error = gexc.from_grpc_error(exc)  # type: ignore[no-untyped-call]
+            _LOGGER.debug("BatchWrite of %d writes failed: %s", len(batch), error)
+            for write in batch:
+                write.settle(None, error)
+            return
+        results, statuses = raw.write_results, raw.status
+        for index, write in enumerate(batch):
+            code = statuses[index].code if index < len(statuses) else 0
+            if code == 0 and index < len(results) and results[index].HasField("update_time"):
+                stamp = results[index].update_time
+                # The class the library's own reads return, so versions compare equal.
+                update_time = DatetimeWithNanoseconds.from_timestamp_pb(stamp)
+                write.settle(update_time, None)
+                continue
+            if code == 0:
+                code, message = grpc.StatusCode.UNKNOWN.value[0], "no update time for the write"
+            else:
+                message = statuses[index].message
+            status = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+            error = gexc.from_grpc_status(status, message)  # type: ignore[no-untyped-call]
+            write.settle(None, error)
