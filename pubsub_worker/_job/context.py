@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pubsub_worker._delivery.generations import DeliveryTracker
+from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores.base import JobStore
 
 __all__ = ["JobContext", "Publish"]
-
-Publish = Callable[[str, bytes, Mapping[str, str]], "Future[str]"]
-"""Publishes ``(topic_path, data, attributes)``; the future resolves to the message id."""
 
 
 @dataclass(frozen=True)

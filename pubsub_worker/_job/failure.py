@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
@@ -58,7 +59,6 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
 
 from .claim import now_utc
-from .context import Publish
 from .job import Job
 from .keys import display, document_id
 from .outbox import LIBRARY_ATTRIBUTE_PREFIX

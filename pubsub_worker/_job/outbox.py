@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
 from pubsub_worker._support.metrics import Counter, Metrics
 from pubsub_worker.errors import LimitExceeded, OutboxUnsent
@@ -165,7 +165,7 @@ class Outbox:
         self,
         entries: list[OutboxEntry],
         *,
-        publish: Callable[[str, bytes, Mapping[str, str]], Future[str]],
+        publish: Publish,
         timeout_s: float,
         metrics: Metrics,
         hooks: Hooks,

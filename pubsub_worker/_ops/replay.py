@@ -51,16 +51,17 @@ same key and the job runs once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from pubsub_worker._job.claim import lease_left_s, now_utc
 from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, display
+from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import check_message
 from pubsub_worker.errors import LimitExceeded, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
@@ -80,14 +81,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # Firestore answers "in" queries with at most this many values.
 _IN_QUERY_VALUES = 10
-
-
-class _Published(Protocol):
-    def result(self, timeout: float | None = None) -> Any: ...
-
-
-Publish = Callable[[str, bytes, Mapping[str, str]], _Published]
-"""``publish(topic_path, data, attributes)``: a future of the message id."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from . import limits
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "Publish",
     "check_firestore",
     "check_subscription",
     "firestore_client",
@@ -30,6 +31,9 @@ __all__ = [
     "publisher_function",
     "subscriber_client",
 ]
+
+Publish = Callable[[str, bytes, Mapping[str, str]], "Future[str]"]
+"""``publish(topic_path, data, attributes)``: a future of the published message's id."""
 
 # Exactly-once error trailers list every refused ack id; ~80 of them overflow gRPC's
 # default 8 KiB metadata limit and break the stream (and once, the lease thread).
@@ -100,7 +104,7 @@ def publisher_client(settings: Settings | None = None) -> pubsub_v1.PublisherCli
 
 def publisher_function(
     publisher: pubsub_v1.PublisherClient,
-) -> Callable[[str, bytes, Mapping[str, str]], Future[str]]:
+) -> Publish:
     """Adapt a publisher to the ``(topic_path, data, attributes) -> Future`` shape.
 
     Every message is checked against production's limits first
