@@ -21,12 +21,17 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ._attributes import DEFAULT_OUTBOX_KEY_ATTRIBUTE, LIBRARY_ATTRIBUTE_PREFIX
 from .errors import ConfigError
 
-LIBRARY_ATTRIBUTE_PREFIX = "pubsub_worker_"
-"""Attributes the library sets on what it publishes start with this."""
-
-__all__ = ["CLOUD_RUN_GRACE_S", "ENV_PREFIX", "Settings", "cloud_run", "platform_overrides"]
+__all__ = [
+    "CLOUD_RUN_GRACE_S",
+    "ENV_PREFIX",
+    "Settings",
+    "cloud_run",
+    "env_name",
+    "platform_overrides",
+]
 
 ENV_PREFIX = "PUBSUB_WORKER_"
 
@@ -64,7 +69,7 @@ _ACCEPTS: dict[str, str] = {
     "retention_days": "whole days from 1 to 3650",
     "outbox_key_attribute": (
         "a message attribute name, 1 to 256 bytes, not starting with 'goog' or "
-        "'pubsub_worker_' (the library's own attributes)"
+        f"{LIBRARY_ATTRIBUTE_PREFIX!r} (the library's own attributes)"
     ),
     "log_format": "text or json",
     "pubsub_emulator_host": "HOST:PORT",
@@ -154,7 +159,7 @@ class Settings(BaseSettings):
     """On SIGTERM, how long in-flight jobs may keep running before they are released."""
     retention_days: int = Field(default=30, ge=1, le=3650)
     """Job documents carry ``expire_at`` this far ahead, for a Firestore TTL policy."""
-    outbox_key_attribute: str = "effect_key"
+    outbox_key_attribute: str = DEFAULT_OUTBOX_KEY_ATTRIBUTE
     """Attribute that carries the effect key on messages published through the outbox."""
     log_format: Literal["text", "json"] = "text"
     """Log line format of the ``pubsub-worker`` command."""

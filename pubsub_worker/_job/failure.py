@@ -50,6 +50,17 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from pubsub_worker._attributes import (
+    ATTEMPTS_ATTRIBUTE,
+    ERROR_ATTRIBUTE,
+    KEY_ATTRIBUTE,
+    LEFT_OUT_ATTRIBUTE,
+    LIBRARY_ATTRIBUTE_PREFIX,
+    MESSAGE_ID_ATTRIBUTE,
+    REASON_ATTRIBUTE,
+    REVIEW_ATTRIBUTES,
+    SUBSCRIPTION_ATTRIBUTE,
+)
 from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from pubsub_worker._support.logs import JobLogger, job_logger
@@ -61,17 +72,14 @@ from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
 from .claim import now_utc
 from .job import Job
 from .keys import display, document_id
-from .outbox import LIBRARY_ATTRIBUTE_PREFIX
 from .records import STEPS_BUDGET_BYTES, encodable_text
 
-__all__ = ["LEFT_OUT_ATTRIBUTE", "MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
+__all__ = ["MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
 
 _LOGGER = logging.getLogger(__name__)
 
 MAX_STORED_DATA_BYTES = 512 * 1024
-LEFT_OUT_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "attributes_left_out"
 _MAX_STORED_ATTRIBUTES_BYTES = 128 * 1024
-_REVIEW_ATTRIBUTES = 7  # reason, error, key, message_id, subscription, attempts, left_out
 
 
 class FailurePath:
@@ -204,16 +212,16 @@ class FailurePath:
             for k, v in attributes.items()
             if not k.startswith(LIBRARY_ATTRIBUTE_PREFIX)
         }
-        kept, left_out = fit_attributes(originals, reserved=_REVIEW_ATTRIBUTES)
+        kept, left_out = fit_attributes(originals, reserved=len(REVIEW_ATTRIBUTES))
         dropped = len(attributes) - len(kept)
         review = {
             **kept,
-            LIBRARY_ATTRIBUTE_PREFIX + "reason": _clip(reason),
-            LIBRARY_ATTRIBUTE_PREFIX + "error": _clip(error),
-            LIBRARY_ATTRIBUTE_PREFIX + "key": _clip(key if key is not None else ""),
-            LIBRARY_ATTRIBUTE_PREFIX + "message_id": _clip(message_id),
-            LIBRARY_ATTRIBUTE_PREFIX + "subscription": _clip(self._subscription),
-            LIBRARY_ATTRIBUTE_PREFIX + "attempts": str(attempts),
+            REASON_ATTRIBUTE: _clip(reason),
+            ERROR_ATTRIBUTE: _clip(error),
+            KEY_ATTRIBUTE: _clip(key if key is not None else ""),
+            MESSAGE_ID_ATTRIBUTE: _clip(message_id),
+            SUBSCRIPTION_ATTRIBUTE: _clip(self._subscription),
+            ATTEMPTS_ATTRIBUTE: str(attempts),
         }
         if dropped or left_out:
             review[LEFT_OUT_ATTRIBUTE] = str(max(dropped, len(left_out)))

@@ -15,6 +15,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pubsub_worker._attributes import REPLAY_OF_ATTRIBUTE
 from pubsub_worker._support.text import KEY_DISPLAY_BYTES, display
 from pubsub_worker._support.text import raw as _raw
 from pubsub_worker.errors import InvalidMessage
@@ -28,10 +29,6 @@ __all__ = [
     "document_id",
     "payload_digest",
 ]
-
-# Set by ``pubsub-worker replay`` when it republishes a failed job whose key was its
-# message id: the replayed message keeps the original key instead of getting a new one.
-REPLAY_OF_ATTRIBUTE = "pubsub_worker_replay_of"
 
 
 def document_id(subscription: str, key: str, *, namespace: str = "job") -> str:

@@ -17,21 +17,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pubsub_worker._attributes import LIBRARY_ATTRIBUTE_PREFIX, STEP_ATTRIBUTE
 from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
 from pubsub_worker._support.metrics import Counter, Metrics
 from pubsub_worker.errors import LimitExceeded, OutboxUnsent
 from pubsub_worker.hooks import Hooks
-from pubsub_worker.settings import LIBRARY_ATTRIBUTE_PREFIX
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import OutboxEntry
 
 from .records import unencodable_at
 
 __all__ = [
-    "LIBRARY_ATTRIBUTE_PREFIX",
     "MAX_OUTBOX_DATA_BYTES",
-    "STEP_ATTRIBUTE",
     "Outbox",
     "Outgoing",
     "effect_key",
@@ -40,7 +38,6 @@ __all__ = [
     "reserved_attribute",
 ]
 
-STEP_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "step"
 MAX_OUTBOX_DATA_BYTES = 256 * 1024
 """An outbox message is stored in the job document: its data is kept small."""
 
