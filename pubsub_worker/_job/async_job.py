@@ -8,8 +8,9 @@ write, settle) off the loop. On the loop, every store write and publish of
 a step runs in a bounded thread pool, so the loop never blocks on Firestore
 or Pub/Sub; a transactional step goes through Firestore's async client.
 
-:class:`AsyncJob` is :class:`~pubsub_worker._job.job.Job` awaited: the same
-fences, checked at every ``await job.*`` (``LostOwnership``,
+:class:`AsyncJob` is :class:`~pubsub_worker._job.job.Job` awaited, a face over
+the same :class:`~pubsub_worker._job.steps.JobCore`: the same fences, checked
+at every ``await job.*`` (``LostOwnership``,
 ``ProcessingTimeout`` and ``ShuttingDown`` are raised there), the same
 records. A step whose task is cancelled while its function runs records
 nothing.
@@ -25,10 +26,10 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
-from .job import Job
-from .outbox import Outgoing
+from .outbox import escape
+from .steps import JobCore
 
-__all__ = ["AsyncJob", "EventLoopThread"]
+__all__ = ["AsyncJob", "EventLoopThread", "flush_queued"]
 
 T = TypeVar("T")
 
@@ -141,39 +142,38 @@ class AsyncJob:
     before the job completes); ``await job.heartbeat()``.
     """
 
-    def __init__(self, job: Job, io: concurrent.futures.Executor) -> None:
-        self._job = job
+    def __init__(self, core: JobCore, io: concurrent.futures.Executor) -> None:
+        self._core = core
         self._io = io
-        self._deferred: list[Outgoing] = []
 
     @property
     def key(self) -> str:
         """The effect key: the key attribute's value, or the message id."""
-        return self._job.key
+        return self._core.key
 
     @property
     def epoch(self) -> int:
         """The fencing token: grows with every claim. Pass it to sinks that can check it."""
-        return self._job.epoch
+        return self._core.epoch
 
     @property
     def attempt(self) -> int:
         """Which claim of this job this is, from 1."""
-        return self._job.attempt
+        return self._core.attempt
 
     @property
     def message_id(self) -> str:
         """The message id of this delivery."""
-        return self._job.message_id
+        return self._core.message_id
 
     @property
     def completed_steps(self) -> tuple[str, ...]:
         """Names of the steps recorded so far (by this or an earlier owner)."""
-        return self._job.completed_steps
+        return self._core.completed_steps
 
     def idempotency_key(self, step: str) -> str:
         """``{key}:{step}``, stable across redeliveries and owners (see ``Job``)."""
-        return self._job.idempotency_key(step)
+        return f"{escape(self.key)}:{escape(step)}"
 
     @overload
     async def step(self, name: str, fn: Callable[[], Awaitable[T]]) -> T: ...
@@ -188,12 +188,12 @@ class AsyncJob:
         I/O pool, so it cannot block the loop. If the task is cancelled while
         ``fn`` runs, nothing is recorded.
         """
-        await self._flush()
-        job = self._job
-        recorded = await self._call(job.open_step, name)
+        await flush_queued(self)
+        core = self._core
+        recorded = await self._call(core.open_step, name)
         if recorded is not None:
             return recorded.value
-        with job.measured(name):
+        with core.measured(name):
             try:
                 if inspect.iscoroutinefunction(fn):
                     value = await fn()
@@ -202,8 +202,8 @@ class AsyncJob:
                     if inspect.isawaitable(value):
                         value = await value
             finally:
-                job.leave_step()
-            return await self._call(job.record_step, name, value)
+                core.leave_step()
+            return await self._call(core.record_step, name, value)
 
     async def transactional_step(self, name: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``await fn(transaction)`` and record the step in the same Firestore transaction.
@@ -211,52 +211,47 @@ class AsyncJob:
         As :meth:`pubsub_worker.Job.transactional_step`, with an
         ``AsyncTransaction`` from Firestore's async client.
         """
-        await self._flush()
-        job = self._job
-        recorded = job.begin_step(name)
+        await flush_queued(self)
+        core = self._core
+        recorded = core.begin_step(name)
         if recorded is not None:
             return recorded.value  # type: ignore[no-any-return]
-        parts = job.transaction_parts(name)
+        parts = core.transaction_parts(name)
 
         async def body(transaction: Any) -> T:
-            job.enter_step(name)
+            core.enter_step(name)
             try:
                 return await fn(transaction)
             finally:
-                job.leave_step()
+                core.leave_step()
 
-        with job.measured(name):
-            await job.document.transact_async(body, parts.changes, parts.adopt)
-            return await self._call(job.finish_transaction, parts)
+        with core.measured(name):
+            await core.document.transact_async(body, parts.changes, parts.adopt)
+            return await self._call(core.finish_transaction, parts)
 
     def publish(self, topic: str, data: bytes, **attributes: str) -> None:
         """Publish a message exactly once for this job; as :meth:`pubsub_worker.Job.publish`."""
-        job = self._job
-        if job.current_step is not None:
-            job.publish(topic, data, **attributes)
+        core = self._core
+        if core.current_step is not None:
+            core.publish(topic, data, attributes)
             return
-        self._deferred.append(job.prepare(topic, data, attributes))
+        core.defer(core.prepare(topic, data, attributes))
 
     async def heartbeat(self) -> None:
         """Report progress; raises ``LostOwnership`` if this delivery no longer owns the job."""
-        await self._flush()
-        await self._call(self._job.heartbeat)
-
-    async def flush(self) -> None:
-        """Commit and publish what :meth:`publish` queued outside any step."""
-        await self._flush()
-
-    def take_queued(self) -> list[Outgoing]:
-        """What :meth:`publish` queued outside any step, handed over (for the job to commit)."""
-        queued, self._deferred = self._deferred, []
-        return queued
-
-    async def _flush(self) -> None:
-        while self._deferred:
-            outgoing = self._deferred.pop(0)
-            name = self._job.publish_step_name()
-            await self.step(name, functools.partial(self._job.queue, outgoing))
+        await flush_queued(self)
+        await self._call(self._core.heartbeat)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._io, functools.partial(fn, *args))
+
+
+async def flush_queued(job: AsyncJob) -> None:
+    """Commit and publish what ``job.publish()`` queued outside any step, each a step of its own.
+
+    Run before every ``await job.*`` and after the handler returned, before the completion.
+    """
+    core = job._core
+    while (outgoing := core.next_deferred()) is not None:
+        await job.step(core.publish_step_name(), functools.partial(core.queue, outgoing))

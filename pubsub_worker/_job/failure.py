@@ -70,9 +70,9 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
 
 from .claim import now_utc
-from .job import Job
 from .keys import display, document_id
 from .records import STEPS_BUDGET_BYTES, encodable_text
+from .steps import JobCore
 
 __all__ = ["MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
 
@@ -113,7 +113,7 @@ class FailurePath:
         key: str | None,
         reason: str,
         error: str,
-        job: Job | None,
+        job: JobCore | None,
     ) -> None:
         """Publish for review, record ``failed``; the caller acks after this returns.
 
@@ -175,7 +175,7 @@ class FailurePath:
             )
 
     @staticmethod
-    def _own_and_flush(job: Job, log: JobLogger) -> int:
+    def _own_and_flush(job: JobCore, log: JobLogger) -> int:
         """Steps 1 and 2 of the module docstring; how many entries stay unsent.
 
         Raises :class:`~pubsub_worker.errors.LostOwnership` when another owner

@@ -30,8 +30,8 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import Ticket
 from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
-from pubsub_worker._job.job import Job
 from pubsub_worker._job.keys import JobIdentity, derive_identity
+from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Histogram
 from pubsub_worker._support.tracing import DeliveryTrace
@@ -47,7 +47,7 @@ _LOGGER = logging.getLogger("pubsub_worker")
 BUSY_WAIT_S = 10.0
 """How long a delivery polls another owner's live lease before it defers."""
 
-RunHandler = Callable[[Message, Job, "DeliveryFlow"], None]
+RunHandler = Callable[[Message, JobCore, "DeliveryFlow"], None]
 """Runs the user's handler for a claimed job and concludes the delivery through the flow:
 ``conclude`` (here, now), ``conclude_later`` (on the completer, for a handler that
 returned) or ``hold`` (the message handed to the user's own threads)."""
@@ -81,7 +81,7 @@ class DeliveryFlow:
         self._ticket = ticket
         self._log = log
         self._identity: JobIdentity | None = None
-        self._job: Job | None = None
+        self._job: JobCore | None = None
         self._started = time.monotonic()
         self.trace = DeliveryTrace(message, rt.settings.subscription_path)
         self._published = message.publish_time.timestamp()
@@ -260,7 +260,7 @@ class DeliveryFlow:
             return
         assert result.record is not None
         assert result.version is not None
-        job = Job(
+        job = JobCore(
             identity=identity,
             delivery=self._delivery,
             record=result.record,

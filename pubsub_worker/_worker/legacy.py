@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
-from pubsub_worker._job.job import Job
 from pubsub_worker._job.outbox import Outgoing
+from pubsub_worker._job.steps import JobCore
 
 from .outcome import Decision, Happened, Outcome, Phase, Settled
 
@@ -78,7 +78,7 @@ class MessageProxy:
     def __init__(
         self,
         message: Any,
-        job: Job,
+        job: JobCore,
         flow: Concluding,
         log: logging.LoggerAdapter[logging.Logger],
         *,
@@ -182,7 +182,7 @@ class DeferredMessageProxy(MessageProxy):
     def __init__(
         self,
         message: Any,
-        job: Job,
+        job: JobCore,
         flow: Concluding,
         log: logging.LoggerAdapter[logging.Logger],
         *,

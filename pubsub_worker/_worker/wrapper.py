@@ -24,8 +24,8 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud import firestore
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from pubsub_worker._job.async_job import AsyncJob, EventLoopThread
-from pubsub_worker._job.job import Job
+from pubsub_worker._job.async_job import AsyncJob, EventLoopThread, flush_queued
+from pubsub_worker._job.job import Job, JobCore
 from pubsub_worker._support import clients
 from pubsub_worker._support.logs import job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
@@ -261,7 +261,7 @@ class ExactlyOnce:
         finally:
             handling.end()
 
-    def call_handler(self, message: Message, job: Job, flow: DeliveryFlow) -> None:
+    def call_handler(self, message: Message, job: JobCore, flow: DeliveryFlow) -> None:
         """Run the wrapped handler for a claimed job and conclude the delivery.
 
         A job-style handler that returned is concluded on the completer
@@ -274,7 +274,7 @@ class ExactlyOnce:
             self._call_async(message, job, flow, log)
             return
         if self._legacy:
-            proxy = MessageProxy(message, job, flow, log)
+            proxy = MessageProxy(message, job, flow, log, face=Job(job))
             try:
                 _sync(self._handler(proxy))
             except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
@@ -283,7 +283,7 @@ class ExactlyOnce:
             proxy.finish(None)
             return
         try:
-            _sync(self._handler(message, job))
+            _sync(self._handler(message, Job(job)))
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             job.handler_returned()
             flow.conclude(Happened(Phase.RUN, error=exc))
@@ -292,13 +292,13 @@ class ExactlyOnce:
         flow.conclude_later(Happened(Phase.RUN))
 
     def _call_async(
-        self, message: Message, job: Job, flow: DeliveryFlow, log: logging.LoggerAdapter[Any]
+        self, message: Message, job: JobCore, flow: DeliveryFlow, log: logging.LoggerAdapter[Any]
     ) -> None:
         """Run an ``async def`` handler on the loop; this thread waits, then concludes."""
         ajob = AsyncJob(job, self._loop.io)
         if self._legacy:
             proxy = DeferredMessageProxy(
-                message, job, flow, log, face=ajob, queued=ajob.take_queued, io=self._loop.io
+                message, job, flow, log, face=ajob, queued=job.take_deferred, io=self._loop.io
             )
             try:
                 self._loop.run(_awaited(self._handler(proxy)))
@@ -373,7 +373,7 @@ async def _awaited(result: Any) -> None:
 
 async def _job_done(result: Any, job: AsyncJob) -> None:
     await result
-    await job.flush()  # publishes queued outside any step are steps: committed before completion
+    await flush_queued(job)  # publishes outside any step are steps: committed before completion
 
 
 def _sync(result: Any) -> None:

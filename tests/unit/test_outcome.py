@@ -522,9 +522,10 @@ def test_a_handler_that_swallows_a_stop_signal_is_not_completed(
 def test_lost_ownership_in_a_step_neither_writes_nor_acks(world: Callable[..., World]) -> None:
     def stolen(message: Any, job: pubsub_worker.Job) -> None:
         job.step("a", lambda: 1)
-        snap = w.store.get(job.identity.doc_id)
+        doc_id = job._core.identity.doc_id
+        snap = w.store.get(doc_id)
         assert snap is not None  # another owner claims the job meanwhile
-        w.store.update(job.identity.doc_id, {(s.EPOCH,): 2, (s.OWNER,): "x"}, expected=snap.version)
+        w.store.update(doc_id, {(s.EPOCH,): 2, (s.OWNER,): "x"}, expected=snap.version)
         job.step("b", lambda: 2)
 
     w = world(stolen)
@@ -615,7 +616,7 @@ def test_the_cap_does_not_throw_back_a_job_whose_work_finished(
 ) -> None:
     def finishing(message: Any, job: pubsub_worker.Job) -> None:
         job.step("a", lambda: 1)
-        job.abandoned.set()  # the cap passes while the completion is being written
+        job._core.abandoned.set()  # the cap passes while the completion is being written
 
     w = world(finishing)
     assert w.deliver(FakeMessage(op="k")) == "ack"
@@ -625,7 +626,7 @@ def test_the_cap_does_not_throw_back_a_job_whose_work_finished(
 def test_the_cap_stops_a_job_at_its_next_step(world: Callable[..., World]) -> None:
     def slow(message: Any, job: pubsub_worker.Job) -> None:
         job.step("a", lambda: 1)
-        job.abandoned.set()
+        job._core.abandoned.set()
         job.step("b", lambda: 2)
 
     w = world(slow)

@@ -106,9 +106,9 @@ def test_deliveries_of_one_job_are_linked_and_errors_typed(world: Callable[..., 
 def test_a_lost_ownership_and_a_failure_are_counted_by_phase(world: Callable[..., World]) -> None:
     def stolen(message: Any, job: pubsub_worker.Job) -> None:
         job.step("a", lambda: 1)
-        snap = w.store.get(job.identity.doc_id)
+        snap = w.store.get(job._core.identity.doc_id)
         assert snap is not None
-        w.store.update(job.identity.doc_id, {(s.EPOCH,): 5}, expected=snap.version)
+        w.store.update(job._core.identity.doc_id, {(s.EPOCH,): 5}, expected=snap.version)
         job.step("b", lambda: 2)
 
     def permanent(message: Any, job: pubsub_worker.Job) -> None:

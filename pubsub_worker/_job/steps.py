@@ -1,0 +1,353 @@
+"""The step machinery of one claimed job, shared by the sync and the async handler's job.
+
+Every write goes through the job's :class:`~pubsub_worker._job.fencing.FencedDocument`,
+conditioned on the version of our previous write. A step's record is
+committed lazily: just before the next step runs, or with the completion, so
+a one-step job costs two writes (claim, complete). The record of step N is
+always durable before step N+1 starts, so a crash never re-runs a step that
+a later step has built on.
+
+The job document has a budget under Firestore's 1 MiB
+(:mod:`pubsub_worker._job.records`): a step whose result would not fit raises
+:class:`~pubsub_worker.errors.DocumentTooLarge` before anything is written,
+so the job goes to the failure path once, its committed steps kept.
+
+:class:`JobCore` is what the worker holds (claim to conclusion: publish the
+unsent outbox, complete, release, fail, keep the Firestore lease);
+:class:`~pubsub_worker._job.job.Job` and :class:`~pubsub_worker._job.async_job.AsyncJob`
+are the handler's faces over it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any, TypeVar
+
+from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._support.metrics import Counter, Histogram
+from pubsub_worker._support.tracing import DeliveryTrace
+from pubsub_worker.errors import (
+    OutboxUnsent,
+)
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord, OutboxEntry, Version
+
+from .claim import now_utc
+from .context import JobContext
+from .keys import JobIdentity
+from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, unsent
+from .ownership import JobOwnership
+from .records import Budget, Recorded, TransactionParts, check_step_name, encode
+
+__all__ = ["JobCore"]
+
+
+_LOGGER = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class JobCore(JobOwnership):
+    """One claimed job: what :class:`~pubsub_worker._job.job.Job` and
+    :class:`~pubsub_worker._job.async_job.AsyncJob` show a handler, and what the worker uses.
+
+    Used from the handler's thread (or the I/O pool of an async handler);
+    :meth:`heartbeat` and :meth:`keep_alive` may also be called from another thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        identity: JobIdentity,
+        delivery: Delivery,
+        record: JobRecord,
+        version: Version,
+        context: JobContext,
+        log: logging.LoggerAdapter[logging.Logger],
+        trace: DeliveryTrace | None = None,
+    ) -> None:
+        super().__init__(
+            identity=identity,
+            delivery=delivery,
+            record=record,
+            version=version,
+            context=context,
+            log=log,
+        )
+        self._trace = trace
+        self._steps: dict[str, str] = {name: r.result for name, r in record.steps.items()}
+        self._outbox = Outbox(
+            unsent(record.outbox),
+            publish=context.publish,
+            timeout_s=context.io_timeout_s,
+            metrics=context.metrics,
+            hooks=context.hooks,
+            log=log,
+        )
+        self._budget = Budget(record)
+        self._current_step: str | None = None
+        self._step_outbox: list[Outgoing] = []
+        self._publishes = 0
+        self._deferred: list[Outgoing] = []
+
+    # -- what the faces show the handler ----------------------------------------------
+
+    @property
+    def completed_steps(self) -> tuple[str, ...]:
+        """Names of the steps recorded so far (by this or an earlier owner)."""
+        return tuple(self._steps)
+
+    def run_step(self, name: str, fn: Callable[[], T]) -> T:
+        """:meth:`pubsub_worker.Job.step`: ``fn`` once, its result recorded."""
+        recorded = self.open_step(name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
+        with self.measured(name):
+            try:
+                value = fn()
+            finally:
+                self.leave_step()
+            return self.record_step(name, value)  # type: ignore[no-any-return]
+
+    def run_transactional(self, name: str, fn: Callable[[Any], T]) -> T:
+        """:meth:`pubsub_worker.Job.transactional_step`: ``fn(transaction)`` with the record."""
+        recorded = self.begin_step(name)
+        if recorded is not None:
+            return recorded.value  # type: ignore[no-any-return]
+        parts = self.transaction_parts(name)
+
+        def body(transaction: Any) -> T:
+            self.enter_step(name)
+            try:
+                return fn(transaction)
+            finally:
+                self.leave_step()
+
+        with self.measured(name):
+            self._doc.transact(body, parts.changes, parts.adopt)
+            return self.finish_transaction(parts)  # type: ignore[no-any-return]
+
+    def publish(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> None:
+        """:meth:`pubsub_worker.Job.publish`: queued in the current step, else a step of its own."""
+        outgoing = self.prepare(topic, data, attributes)
+        if self._current_step is None:
+            self.run_step(self.publish_step_name(), lambda: self.queue(outgoing))
+            return
+        self.queue(outgoing)
+
+    def prepare(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Outgoing:
+        """A message for :meth:`publish`, resolved and checked against Pub/Sub's limits."""
+        self._check_open()
+        if not isinstance(data, bytes):
+            raise TypeError("data must be bytes")
+        outgoing = Outgoing(self._ctx.topic_path(topic), data, dict(attributes))
+        check_outgoing(outgoing, self._ctx.outbox_key_attribute)
+        return outgoing
+
+    def publish_step_name(self) -> str:
+        """The name of the next step of its own that a publish outside any step becomes."""
+        self._publishes += 1
+        return f"~publish.{self._publishes}"
+
+    def queue(self, outgoing: Outgoing) -> None:
+        """Queue a checked message for the current step (see :meth:`publish`)."""
+        self._step_outbox.append(outgoing)
+
+    def commit_publishes(self, outgoing: list[Outgoing]) -> None:
+        """Commit messages published outside any step, each a step of its own, and publish them.
+
+        For an ``async def callback(message)`` that acked: what it gave
+        ``message.job.publish()`` outside a step is committed before the
+        completion. Steps recorded already (by an earlier owner) are skipped.
+        """
+        for message in outgoing:
+            name = self.publish_step_name()
+            if name in self._steps:
+                continue
+            self.enter_step(name)
+            self.queue(message)
+            self.leave_step()
+            self.record_step(name, None)
+
+    def defer(self, outgoing: Outgoing) -> None:
+        """An async handler's publish outside any step: committed at its next ``await job.*``."""
+        self._deferred.append(outgoing)
+
+    def next_deferred(self) -> Outgoing | None:
+        """The oldest deferred publish, taken off the queue (None when there is none)."""
+        return self._deferred.pop(0) if self._deferred else None
+
+    def take_deferred(self) -> list[Outgoing]:
+        """Every deferred publish, handed over (for :meth:`commit_publishes`)."""
+        deferred, self._deferred = self._deferred, []
+        return deferred
+
+    def heartbeat(self) -> None:
+        """Report progress: the leases are renewed only while a job reports it.
+
+        Call it from long steps. Raises :class:`LostOwnership` if this
+        delivery no longer owns the job, so a stale step stops early.
+        """
+        self._check()
+        self._progress()
+        if self._doc.lease_due():
+            self._doc.write()
+
+    # -- the step protocol: step() above, and awaited piece by piece by AsyncJob ------
+
+    def begin_step(self, name: str) -> Recorded | None:
+        """Checks before a step (no I/O); the recorded result if the step is done already."""
+        self._check()
+        check_step_name(name)
+        if self._current_step is not None:
+            raise RuntimeError(f"step {name!r} started inside step {self._current_step!r}")
+        if name in self._steps:
+            self._ctx.metrics.inc(Counter.STEPS_SKIPPED)
+            self._log.debug("step %r already recorded; skipped", name)
+            return Recorded(json.loads(self._steps[name]))
+        return None
+
+    def open_step(self, name: str) -> Recorded | None:
+        """:meth:`begin_step`, then commit the previous step's record and enter ``name``."""
+        recorded = self.begin_step(name)
+        if recorded is not None:
+            return recorded
+        if self._doc.staged((s.STEPS,)):
+            self._doc.write()  # the previous step's record is durable before this step runs
+        self.enter_step(name)
+        return None
+
+    @contextmanager
+    def measured(self, name: str) -> Iterator[None]:
+        """A step's span (under the delivery's) and its duration, around its run and record."""
+        start = time.monotonic()
+        trace = self._trace
+        with trace.step(name) if trace is not None else nullcontext():
+            yield
+        self._ctx.metrics.observe(Histogram.STEP_DURATION, time.monotonic() - start, step=name)
+
+    @property
+    def unsent_count(self) -> int:
+        """Committed outbox entries not published yet."""
+        return self._outbox.pending
+
+    def enter_step(self, name: str) -> None:
+        """From now on, :meth:`publish` queues messages for step ``name``."""
+        self._current_step, self._step_outbox = name, []
+
+    def leave_step(self) -> None:
+        """The step's function returned or raised."""
+        self._current_step = None
+
+    def record_step(self, name: str, value: Any) -> Any:
+        """Stage the step's record (written now if it has outbox entries); its JSON round trip."""
+        result = encode(name, value)
+        changes, entries = self.outbox_changes(name)
+        self._budget.check(name, result, entries)
+        self._budget.add(name, result, entries)
+        self._ctx.metrics.inc(Counter.STEPS_RUN)
+        self._steps[name] = result
+        self._doc.stage({(s.STEPS, name): self.step_record(result), **changes})
+        self._progress()
+        if entries:
+            self._doc.write()  # an outbox entry is durable before it is published
+            self._ctx.hooks.after_commit(self.key, name)
+            self._outbox.add(entries)
+            self._try_publish_unsent()
+        elif self._doc.lease_due() and self._ctx.tracker.is_current(self._delivery):
+            # Progress renews the Firestore lease whether or not the record had to be written
+            # now: a record kept for the next write would leave the lease as the claim set it.
+            self._doc.write()
+        return json.loads(result)
+
+    def transaction_parts(self, name: str) -> TransactionParts:
+        """What transactional step ``name`` writes with the job; how a lost reply is adopted."""
+        self._transacting = True  # an awaited transaction holds no lock: no renewal meanwhile
+        return TransactionParts(self, name)
+
+    def finish_transaction(self, parts: TransactionParts) -> Any:
+        """After the transaction committed: bookkeeping, then publish its outbox entries."""
+        self._transacting = False
+        self._budget.add(parts.name, parts.result, parts.committed)  # checked in the transaction
+        self._steps[parts.name] = parts.result
+        self._ctx.metrics.inc(Counter.STEPS_RUN)
+        self._ctx.hooks.after_commit(self.key, parts.name)
+        self._progress()
+        self._outbox.add(parts.committed)
+        self._try_publish_unsent()
+        return json.loads(parts.result)
+
+    def step_record(self, result: str) -> dict[str, Any]:
+        """The stored record of a step with ``result``, at this epoch."""
+        return {"result": result, "epoch": self._epoch, "at": now_utc()}
+
+    def outbox_changes(self, step: str) -> tuple[dict[tuple[str, ...], Any], list[OutboxEntry]]:
+        """The outbox writes of the current step's queued messages, and their entries."""
+        outgoing, self._step_outbox = self._step_outbox, []
+        return entry_changes(self.key, step, outgoing, self._ctx.outbox_key_attribute)
+
+    def check_budget(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
+        """:class:`DocumentTooLarge` unless step ``name`` fits the document's budget."""
+        self._budget.check(name, result, entries)
+
+    @property
+    def current_step(self) -> str | None:
+        """The step whose function is running, if any."""
+        return self._current_step
+
+    # -- what the worker uses -----------------------------------------------------
+
+    @property
+    def document_room(self) -> int:
+        """Bytes a failed record may still add to the job document."""
+        return self._budget.room
+
+    def publish_unsent(self) -> None:
+        """Publish every committed, unsent outbox entry; :class:`OutboxUnsent` if one fails."""
+        self._outbox.send(self.key, before_each=self._check_owner, sent=self._mark_sent)
+
+    def _mark_sent(self, entry: OutboxEntry) -> None:
+        self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})
+
+    def complete(self) -> None:
+        """Publish what is unsent, then commit the completion (and any pending step record).
+
+        Not stopped by the processing cap or a shutdown (the work is done);
+        raises :class:`OutboxUnsent` if an entry cannot be published yet and
+        :class:`LostOwnership` if another owner holds the job.
+        """
+        self._check_owner()
+        self.publish_unsent()
+        self._concluding = True
+        self._doc.complete(retention_s=self._ctx.retention_s)
+        self._finished = "completed"
+
+    def release(self, error: str | None, *, count_attempt: bool) -> None:
+        """Give the job back for another delivery, keeping the steps recorded so far.
+
+        ``count_attempt=False`` (a shutdown) gives the attempt back too.
+        Raises :class:`LostOwnership` if another owner took it meanwhile.
+        """
+        attempts = self._attempt if count_attempt else max(self._attempt - 1, 0)
+        self._concluding = True
+        self._doc.release(error=error, attempts=attempts)
+        self._finished = "released"
+
+    def fail(self, reason: str, error: str, extra: Mapping[str, Any]) -> None:
+        """Record the job as failed (the failure path); raises if not the owner."""
+        self._concluding = True
+        self._doc.fail(reason=reason, error=error, extra=extra, retention_s=self._ctx.retention_s)
+        self._finished = "failed"
+
+    # -- internals ----------------------------------------------------------------
+
+    def _try_publish_unsent(self) -> None:
+        """Publish now if possible; a failure leaves the entry for the completion to retry."""
+        try:
+            self.publish_unsent()
+        except OutboxUnsent as exc:
+            self._log.warning("%s; published again before the job completes", exc)
