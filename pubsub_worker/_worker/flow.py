@@ -4,7 +4,7 @@ Every way a delivery can end goes through :meth:`DeliveryFlow.conclude`,
 once: :func:`~pubsub_worker._worker.outcome.decide` picks the outcome from what
 happened, :meth:`DeliveryFlow.carry_out` makes the write it needs (complete,
 release, fail) and decides again if that write fails, and
-:func:`~pubsub_worker._worker.outcome.settle` acks, nacks, defers or drops. The ack
+:func:`~pubsub_worker._worker.settle.settle` acks, nacks, defers or drops. The ack
 is always the last thing done, after the job's record is durable.
 
 A handler that returned is concluded on the runtime's
@@ -29,23 +29,23 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import Ticket
-from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest
 from pubsub_worker._job.keys import JobIdentity, derive_identity
 from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger, job_logger
-from pubsub_worker._support.metrics import Counter, Histogram
+from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace
-from pubsub_worker.errors import ConfigError, LostOwnership, ProcessingTimeout, ShuttingDown
+from pubsub_worker.errors import ConfigError, LostOwnership, ProcessingTimeout
 
-from .outcome import Decision, Happened, Outcome, Phase, Settled, decide, settle
+from . import report
+from .claiming import claim_job
+from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
+from .settle import note_order, ordering_key, settle
 
-__all__ = ["BUSY_WAIT_S", "DeliveryFlow", "RunHandler"]
+__all__ = ["DeliveryFlow", "RunHandler"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
-
-BUSY_WAIT_S = 10.0
-"""How long a delivery polls another owner's live lease before it defers."""
 
 RunHandler = Callable[[Message, JobCore, "DeliveryFlow"], None]
 """Runs the user's handler for a claimed job and concludes the delivery through the flow:
@@ -111,10 +111,10 @@ class DeliveryFlow:
         self._identity = identity
         self._log = job_logger(_LOGGER, identity.key, message.message_id)
         self._ticket.key = identity.key
-        ordering_key = _ordering_key(message)
-        if ordering_key:
+        order_key = ordering_key(message)
+        if order_key:
             wait_s = rt.ordering.blocked_for(
-                ordering_key, message.message_id, self._published, self._arrival
+                order_key, message.message_id, self._published, self._arrival
             )
             if wait_s is not None:
                 self.conclude(Happened(Phase.ORDER, busy_for_s=wait_s))
@@ -123,7 +123,11 @@ class DeliveryFlow:
             self.conclude(Happened(Phase.GATE))
             return
         self._gate_doc = identity.doc_id
-        self._claim_and_run(identity, seen)
+        # Claim, start, run: a step that cannot go on concludes the delivery and gives None.
+        claimed = self._claim(identity, seen)
+        job = self._start(identity, claimed) if claimed is not None else None
+        if job is not None:
+            self._run_handler(message, job, self)
 
     @property
     def detached(self) -> bool:
@@ -219,7 +223,8 @@ class DeliveryFlow:
         finally:
             self._end()
 
-    def _claim_and_run(self, identity: JobIdentity, seen: bool) -> None:
+    def _claim(self, identity: JobIdentity, seen: bool) -> Claim | None:
+        """The claim of the job (:func:`~.claiming.claim_job`); None if concluded instead."""
         rt, message, settings = self._rt, self._message, self._rt.settings
         request = ClaimRequest(
             identity=identity,
@@ -232,32 +237,19 @@ class DeliveryFlow:
             trace_parent=self.trace.trace_parent(),
         )
         redelivery = seen or (message.delivery_attempt or 1) > 1
-        give_up = time.monotonic() + min(BUSY_WAIT_S, settings.lease_seconds)
-        try:
-            while True:
-                if not rt.tracker.is_current(self._delivery):
-                    self.conclude(Happened(Phase.CLAIM))
-                    return
-                if rt.draining.is_set():  # the worker stops: leave the message to the next one
-                    draining = ShuttingDown("the worker is draining")
-                    self.conclude(Happened(Phase.CLAIM, error=draining))
-                    return
-                result = claim(rt.store, request, exists_hint=redelivery)
-                redelivery = True
-                if result.kind is not ClaimKind.BUSY:
-                    break
-                wait_s = result.busy_for_s
-                if time.monotonic() + min(wait_s, 1.0) >= give_up or rt.context.stopping.is_set():
-                    rt.metrics.inc(Counter.BUSY)
-                    self.conclude(Happened(Phase.CLAIM, claim=ClaimKind.BUSY, busy_for_s=wait_s))
-                    return
-                time.sleep(min(max(wait_s, 0.05), 1.0))
-        except Exception as exc:  # noqa: BLE001 - StoreError or worse: the message comes back
-            self.conclude(Happened(Phase.CLAIM, error=exc))
-            return
-        if result.kind is not ClaimKind.CLAIMED:
-            self.conclude(Happened(Phase.CLAIM, claim=result.kind))
-            return
+        got = claim_job(rt, request, delivery=self._delivery, redelivery=redelivery)
+        if isinstance(got, Happened):
+            self.conclude(got)
+            return None
+        return got
+
+    def _start(self, identity: JobIdentity, result: Claim) -> JobCore | None:
+        """The claimed job, watched and traced, earlier owners' unsent outbox entries sent.
+
+        None when the delivery was concluded instead: an entry not sent,
+        ownership lost, or no attempts left (the failure path).
+        """
+        rt, settings = self._rt, self._rt.settings
         assert result.record is not None
         assert result.version is not None
         job = JobCore(
@@ -282,7 +274,7 @@ class DeliveryFlow:
             job.publish_unsent()  # earlier owners' entries go out before anything else
         except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
             self.conclude(Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED))
-            return
+            return None
         first = decide(
             Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
             attempts=job.attempt,
@@ -290,8 +282,8 @@ class DeliveryFlow:
         )
         if first.outcome is not Outcome.RUN:
             self.carry_out(first)
-            return
-        self._run_handler(message, job, self)
+            return None
+        return job
 
     def conclude(self, happened: Happened) -> Decision:
         """Decide the outcome of what happened and carry it out; the first call wins.
@@ -321,7 +313,26 @@ class DeliveryFlow:
         return decision
 
     def carry_out(self, decision: Decision) -> Decision:
-        """Make the write ``decision`` needs (deciding again if it fails), then settle."""
+        """Make the write ``decision`` needs (deciding again if it fails), settle, report."""
+        decision = self._write_or_redecide(decision)
+        self.decision = decision
+        rt = self._rt
+        renewal_lost = self._delivery.lost.is_set()
+        report.count(
+            decision, metrics=rt.metrics, log=self._log, job=self._job, renewal_lost=renewal_lost
+        )
+        self._settle(decision)
+        report.ended(
+            decision,
+            trace=self.trace,
+            metrics=rt.metrics,
+            subscription=rt.settings.subscription_path,
+            started=self._started,
+        )
+        return decision
+
+    def _write_or_redecide(self, decision: Decision) -> Decision:
+        """Make the write ``decision`` needs; if it fails, the decision on that failure."""
         rt = self._rt
         attempts = self._job.attempt if self._job is not None else 0
         for _ in range(_WRITE_TRIES):
@@ -340,8 +351,11 @@ class DeliveryFlow:
                     attempts=attempts,
                     max_attempts=rt.settings.max_attempts,
                 )
-        self.decision = decision
-        self._count(decision)
+        return decision
+
+    def _settle(self, decision: Decision) -> None:
+        """Settle on Pub/Sub, with the hooks around it and the ordering key noted first."""
+        rt = self._rt
         key = self._identity.key if self._identity is not None else None
         message_id = self._message.message_id
         if decision.outcome.acks:
@@ -351,35 +365,13 @@ class DeliveryFlow:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
             self.settled.set_result(Settled(decision, answer))
 
-        self._note_order(decision)  # before the settlement lets the next message of its key in
+        note_order(
+            rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
+        )
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)
             self.settled.set_result(Settled(decision))
-        error_type = None if decision.outcome.fine else decision.error_type
-        self.trace.ended(decision.outcome.value, error_type or decision.outcome.lost_error_type)
-        rt.metrics.observe(
-            Histogram.PROCESS_DURATION,
-            time.monotonic() - self._started,
-            **{
-                "messaging.system": "gcp_pubsub",
-                "messaging.destination.subscription.name": rt.settings.subscription_path,
-                "pubsub_worker.outcome": decision.outcome.value,
-                **({"error.type": error_type} if error_type else {}),
-            },
-        )
-        return decision
-
-    def _note_order(self, decision: Decision) -> None:
-        """Whether this message of its ordering key is done, or later ones must wait for it."""
-        key = _ordering_key(self._message)
-        if not key or decision.outcome is Outcome.DROP:
-            return  # no key; or a newer delivery of this very message settles it
-        ordering, message_id = self._rt.ordering, self._message.message_id
-        if decision.outcome.acks:
-            ordering.finished(key, message_id)
-        else:
-            ordering.unfinished(key, message_id, self._published, self._arrival, decision.delay_s)
 
     def _write(self, decision: Decision) -> None:
         job, outcome = self._job, decision.outcome
@@ -403,42 +395,3 @@ class DeliveryFlow:
             job.complete()
         else:
             job.release(decision.error, count_attempt=outcome is Outcome.RETRY)
-
-    def _lost_phase(self, decision: Decision) -> str:
-        """Where ownership was lost: receipt, renewal, step_commit (acks: in ``settle``)."""
-        if self._delivery.lost.is_set():
-            return "renewal"
-        if decision.phase in (Phase.RECEIPT, Phase.GATE, Phase.CLAIM):
-            return "receipt"
-        return "step_commit"
-
-    def _count(self, decision: Decision) -> None:
-        metrics, log, job = self._rt.metrics, self._log, self._job
-        outcome = decision.outcome
-        if outcome is Outcome.COMPLETE:
-            metrics.inc(Counter.COMPLETED)
-            assert job is not None
-            log.info("completed (attempt %d, epoch %d)", job.attempt, job.epoch)
-        elif outcome is Outcome.ACK:
-            metrics.inc(Counter.ALREADY_DONE)
-            log.info("%s; acked without running", decision.why)
-        elif outcome is Outcome.RETRY:
-            metrics.inc(Counter.RETRIED)
-            log.warning("%s", decision.why)
-        elif decision.error_type == ShuttingDown.__name__ and decision.phase is Phase.CLAIM:
-            log.info("%s", decision.why)  # not claimed: nothing was lost
-        elif outcome in (Outcome.NACK, Outcome.DROP):
-            metrics.inc(Counter.LOST_OWNERSHIP, phase=self._lost_phase(decision))
-            stale = "nacked for redelivery" if outcome is Outcome.NACK else "stale, dropped"
-            log.info("%s; %s without ack", decision.why, stale)
-        elif outcome is Outcome.DEFER:
-            metrics.inc(Counter.DEFERRED)
-            log.warning("%s; the message comes back in %.0f s", decision.why, decision.delay_s)
-        elif outcome is Outcome.RELEASE:
-            metrics.inc(Counter.RETRIED)
-            log.info("%s; released for another delivery", decision.why)
-
-
-def _ordering_key(message: Message) -> str:
-    """The message's ordering key ("" without one)."""
-    return getattr(message, "ordering_key", "") or ""

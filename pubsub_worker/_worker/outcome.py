@@ -7,8 +7,8 @@ no I/O. Each outcome says what carrying it out takes (:data:`EFFECTS`: does
 it ack, which write, does it count as success); the delivery's flow
 (:meth:`~pubsub_worker._worker.flow.DeliveryFlow.carry_out`) makes the write
 (complete, release, review) and, if that write itself fails, decides again
-from the new event; :func:`settle` is then the only code in the library that
-acks, nacks, defers or drops a Pub/Sub message.
+from the new event; :func:`~pubsub_worker._worker.settle.settle` is then the
+only code in the library that acks, nacks, defers or drops a Pub/Sub message.
 
 ::
 
@@ -38,19 +38,11 @@ acks, nacks, defers or drops a Pub/Sub message.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
 
-from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
-
-from pubsub_worker._delivery.lease import LOST_STATUSES
 from pubsub_worker._job.claim import ClaimKind
-from pubsub_worker._support.metrics import Counter, Metrics
 from pubsub_worker.errors import (
     DocumentTooLarge,
     InvalidMessage,
@@ -64,7 +56,6 @@ from pubsub_worker.errors import (
 
 __all__ = [
     "EFFECTS",
-    "LOST_STATUSES",
     "Decision",
     "Effect",
     "Happened",
@@ -74,10 +65,7 @@ __all__ = [
     "Settled",
     "backoff_s",
     "decide",
-    "settle",
 ]
-
-_LOGGER = logging.getLogger("pubsub_worker")
 
 MIN_DEFER_S = 10
 MAX_DEFER_S = 600
@@ -352,87 +340,3 @@ def _after_run(
     if attempts >= max_attempts:
         return Decision(Outcome.REVIEW, f"attempt {attempts} failed: {text}", Reason.ATTEMPTS, text)
     return Decision(Outcome.RETRY, f"attempt {attempts} failed, will retry: {text}", error=text)
-
-
-class Settleable(Protocol):
-    """The part of a Pub/Sub message :func:`settle` uses."""
-
-    @property
-    def message_id(self) -> str: ...
-
-    def ack_with_response(self) -> concurrent.futures.Future[Any]: ...
-
-    def nack(self) -> None: ...
-
-    def drop(self) -> None: ...
-
-    def modify_ack_deadline(self, seconds: int) -> None: ...
-
-
-AckObserver = Callable[[str], None]
-"""Called with the ack's answer: ``SUCCESS``, an ``AcknowledgeStatus`` name, or ``TIMEOUT``."""
-
-
-def settle(
-    decision: Decision,
-    message: Settleable,
-    *,
-    metrics: Metrics,
-    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
-    on_ack: AckObserver | None = None,
-) -> None:
-    """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
-
-    An ack is sent and not waited for: the job's record is durable already,
-    so the callback's thread is free for the next message while the ack
-    makes its round trip (the client keeps the message's flow-control slot
-    until the answer). ``on_ack`` gets the answer when it comes. With
-    exactly-once delivery an ``INVALID_ACK_ID`` answer loses nothing (the
-    next delivery sees the record and acks); it is counted as ``acks_lost``.
-    """
-    outcome = decision.outcome
-    if outcome.acks:
-        _ack(message, metrics, log, on_ack)
-    elif outcome is Outcome.DROP:
-        message.drop()
-    elif decision.delay_s > 0:
-        # A nack would bring it back at once; a deadline of delay_s then a drop is a backoff.
-        message.modify_ack_deadline(int(min(max(decision.delay_s, MIN_DEFER_S), MAX_DEFER_S)))
-        message.drop()
-    else:
-        message.nack()
-
-
-def _ack(
-    message: Settleable,
-    metrics: Metrics,
-    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
-    on_ack: AckObserver | None,
-) -> None:
-    def answered(future: concurrent.futures.Future[Any]) -> None:
-        answer = "SUCCESS"
-        error = future.exception()
-        if isinstance(error, AcknowledgeError):
-            answer = error.error_code.name
-            if error.error_code in LOST_STATUSES:
-                metrics.inc(Counter.ACKS_LOST)
-                metrics.inc(Counter.LOST_OWNERSHIP, phase="ack")
-                log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
-            else:
-                metrics.inc(Counter.ACK_ERRORS)
-                log.warning("ack failed (%s); a redelivery will ack", answer)
-        elif error is not None:
-            answer = type(error).__name__
-            metrics.inc(Counter.ACK_ERRORS)
-            log.warning("ack failed (%s); a redelivery will ack", error)
-        if on_ack is not None:
-            on_ack(answer)
-
-    try:
-        future = message.ack_with_response()
-    except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
-        failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        failed.set_exception(exc)
-        answered(failed)
-        return
-    future.add_done_callback(answered)

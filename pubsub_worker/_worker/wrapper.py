@@ -13,7 +13,6 @@ path is :class:`~pubsub_worker._worker.flow.DeliveryFlow`.
 from __future__ import annotations
 
 import concurrent.futures
-import inspect
 import logging
 import threading
 import time
@@ -36,9 +35,11 @@ from pubsub_worker.stores.base import JobStore
 
 from . import runtime
 from .flow import DeliveryFlow
+from .handler import check_handler, is_async, sync, takes_job
 from .legacy import DeferredMessageProxy, MessageProxy
-from .outcome import Decision, Happened, Outcome, Phase, backoff_s, settle
+from .outcome import Decision, Happened, Outcome, Phase, backoff_s
 from .runtime import Runtime
+from .settle import settle
 
 __all__ = ["ExactlyOnce", "Handler", "exactly_once"]
 
@@ -76,10 +77,10 @@ class ExactlyOnce:
         subscriber: pubsub_v1.SubscriberClient | None = None,
         hooks: Hooks | None = None,
     ) -> None:
-        _check_handler(handler)
+        check_handler(handler)
         self._handler = handler
-        self._legacy = not _takes_job(handler)
-        self._async = _is_async(handler)
+        self._legacy = not takes_job(handler)
+        self._async = is_async(handler)
         self._loop = EventLoopThread()
         self._settings = settings
         self._firestore_client = firestore_client
@@ -276,14 +277,14 @@ class ExactlyOnce:
         if self._legacy:
             proxy = MessageProxy(message, job, flow, log, face=Job(job))
             try:
-                _sync(self._handler(proxy))
+                sync(self._handler(proxy))
             except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
                 proxy.finish(exc)
                 return
             proxy.finish(None)
             return
         try:
-            _sync(self._handler(message, Job(job)))
+            sync(self._handler(message, Job(job)))
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             job.handler_returned()
             flow.conclude(Happened(Phase.RUN, error=exc))
@@ -348,18 +349,6 @@ def exactly_once(
     return wrap(handler) if handler is not None else wrap
 
 
-def _check_handler(handler: Any) -> None:
-    """Refuse what cannot be run, at wrap time."""
-    if not callable(handler):
-        raise TypeError(f"exactly_once() needs a callable, got {type(handler).__name__}")
-
-
-def _is_async(handler: Any) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
-    )
-
-
 def _cancelled_is_shutdown(error: Exception) -> Exception:
     """A handler's task cancelled (the worker's loop stopping) is a shutdown, not a failure."""
     if isinstance(error, concurrent.futures.CancelledError):
@@ -374,29 +363,3 @@ async def _awaited(result: Any) -> None:
 async def _job_done(result: Any, job: AsyncJob) -> None:
     await result
     await flush_queued(job)  # publishes outside any step are steps: committed before completion
-
-
-def _sync(result: Any) -> None:
-    """A handler that returned an awaitable did nothing yet: never record it as completed."""
-    if inspect.isawaitable(result):
-        close = getattr(result, "close", None)
-        if close is not None:
-            close()
-        raise TypeError(
-            "the handler returned an awaitable but is not an async def: pubsub-worker tells "
-            "the two apart when it wraps the handler; declare it with async def"
-        )
-
-
-def _takes_job(handler: Handler) -> bool:
-    try:
-        params = inspect.signature(handler).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = 0
-    for param in params:
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-            positional += 1
-    return positional >= 2

@@ -32,8 +32,8 @@ from pubsub_worker._worker.outcome import (
     Reason,
     backoff_s,
     decide,
-    settle,
 )
+from pubsub_worker._worker.settle import settle
 from pubsub_worker.errors import (
     DocumentTooLarge,
     FailurePathUnavailable,

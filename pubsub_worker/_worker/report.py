@@ -1,0 +1,87 @@
+"""What a concluded delivery reports: its counter and log line, its span's end, its duration.
+
+Reporting changes nothing about the outcome; it runs once per delivery, from
+:meth:`~pubsub_worker._worker.flow.DeliveryFlow.carry_out`.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+from pubsub_worker._job.steps import JobCore
+from pubsub_worker._support.logs import JobLogger
+from pubsub_worker._support.metrics import Counter, Histogram, Metrics
+from pubsub_worker._support.tracing import DeliveryTrace
+from pubsub_worker.errors import ShuttingDown
+
+from .outcome import Decision, Outcome, Phase
+
+__all__ = ["count", "ended"]
+
+_COUNTS: dict[Outcome, tuple[Counter, int, str]] = {
+    Outcome.COMPLETE: (Counter.COMPLETED, INFO, "completed (attempt %(attempt)d, epoch %(epoch)d)"),
+    Outcome.ACK: (Counter.ALREADY_DONE, INFO, "%(why)s; acked without running"),
+    Outcome.RETRY: (Counter.RETRIED, WARNING, "%(why)s"),
+    Outcome.NACK: (Counter.LOST_OWNERSHIP, INFO, "%(why)s; nacked for redelivery without ack"),
+    Outcome.DROP: (Counter.LOST_OWNERSHIP, INFO, "%(why)s; stale, dropped without ack"),
+    Outcome.DEFER: (Counter.DEFERRED, WARNING, "%(why)s; the message comes back in %(delay).0f s"),
+    Outcome.RELEASE: (Counter.RETRIED, INFO, "%(why)s; released for another delivery"),
+}
+"""Each outcome's counter, log level and message (``RUN`` is not final; ``REVIEW`` is counted
+and logged by the failure path). ``LOST_OWNERSHIP`` is labelled with where it was lost."""
+
+
+def count(
+    decision: Decision, *, metrics: Metrics, log: JobLogger, job: JobCore | None, renewal_lost: bool
+) -> None:
+    """Count the outcome and log it (``renewal_lost``: the delivery's lease renewal failed)."""
+    if decision.error_type == ShuttingDown.__name__ and decision.phase is Phase.CLAIM:
+        log.info("%s", decision.why)  # draining, not claimed: nothing was lost
+        return
+    found = _COUNTS.get(decision.outcome)
+    if found is None:
+        return
+    counter, level, text = found
+    if counter is Counter.LOST_OWNERSHIP:
+        metrics.inc(counter, phase=_lost_phase(decision, renewal_lost))
+    else:
+        metrics.inc(counter)
+    fields: dict[str, object] = {"why": decision.why, "delay": decision.delay_s}
+    if decision.outcome is Outcome.COMPLETE:
+        assert job is not None
+        fields.update(attempt=job.attempt, epoch=job.epoch)
+    log.log(level, text, fields)
+
+
+def _lost_phase(decision: Decision, renewal_lost: bool) -> str:
+    """Where ownership was lost: receipt, renewal, step_commit (acks: in ``settle``)."""
+    if renewal_lost:
+        return "renewal"
+    if decision.phase in (Phase.RECEIPT, Phase.GATE, Phase.CLAIM):
+        return "receipt"
+    return "step_commit"
+
+
+def ended(
+    decision: Decision,
+    *,
+    trace: DeliveryTrace,
+    metrics: Metrics,
+    subscription: str,
+    started: float,
+) -> None:
+    """End the delivery's span and observe its duration (since ``started``, monotonic seconds)."""
+    outcome = decision.outcome
+    error_type = None if outcome.fine else decision.error_type
+    trace.ended(outcome.value, error_type or outcome.lost_error_type)
+    metrics.observe(
+        Histogram.PROCESS_DURATION,
+        time.monotonic() - started,
+        **{
+            "messaging.system": "gcp_pubsub",
+            "messaging.destination.subscription.name": subscription,
+            "pubsub_worker.outcome": outcome.value,
+            **({"error.type": error_type} if error_type else {}),
+        },
+    )

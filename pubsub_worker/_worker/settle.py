@@ -1,0 +1,129 @@
+"""Settling a delivery on Pub/Sub: the only code in the library that acks, nacks, defers or drops.
+
+:func:`settle` carries a final :class:`~pubsub_worker._worker.outcome.Outcome`
+out on Pub/Sub once its write (if any) is durable; :func:`note_order` tells
+the ordering keys whether the message is done, just before.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
+from google.cloud.pubsub_v1.subscriber.message import Message
+
+from pubsub_worker._delivery.generations import OrderingKeys
+from pubsub_worker._delivery.lease import LOST_STATUSES
+from pubsub_worker._support.metrics import Counter, Metrics
+
+from .outcome import MAX_DEFER_S, MIN_DEFER_S, Decision, Outcome
+
+__all__ = ["AckObserver", "Settleable", "note_order", "ordering_key", "settle"]
+
+
+class Settleable(Protocol):
+    """The part of a Pub/Sub message :func:`settle` uses."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    def ack_with_response(self) -> concurrent.futures.Future[Any]: ...
+
+    def nack(self) -> None: ...
+
+    def drop(self) -> None: ...
+
+    def modify_ack_deadline(self, seconds: int) -> None: ...
+
+
+AckObserver = Callable[[str], None]
+"""Called with the ack's answer: ``SUCCESS``, an ``AcknowledgeStatus`` name, or ``TIMEOUT``."""
+
+
+def settle(
+    decision: Decision,
+    message: Settleable,
+    *,
+    metrics: Metrics,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+    on_ack: AckObserver | None = None,
+) -> None:
+    """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
+
+    An ack is sent and not waited for: the job's record is durable already,
+    so the callback's thread is free for the next message while the ack
+    makes its round trip (the client keeps the message's flow-control slot
+    until the answer). ``on_ack`` gets the answer when it comes. With
+    exactly-once delivery an ``INVALID_ACK_ID`` answer loses nothing (the
+    next delivery sees the record and acks); it is counted as ``acks_lost``.
+    """
+    outcome = decision.outcome
+    if outcome.acks:
+        _ack(message, metrics, log, on_ack)
+    elif outcome is Outcome.DROP:
+        message.drop()
+    elif decision.delay_s > 0:
+        # A nack would bring it back at once; a deadline of delay_s then a drop is a backoff.
+        message.modify_ack_deadline(int(min(max(decision.delay_s, MIN_DEFER_S), MAX_DEFER_S)))
+        message.drop()
+    else:
+        message.nack()
+
+
+def _ack(
+    message: Settleable,
+    metrics: Metrics,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+    on_ack: AckObserver | None,
+) -> None:
+    def answered(future: concurrent.futures.Future[Any]) -> None:
+        answer = "SUCCESS"
+        error = future.exception()
+        if isinstance(error, AcknowledgeError):
+            answer = error.error_code.name
+            if error.error_code in LOST_STATUSES:
+                metrics.inc(Counter.ACKS_LOST)
+                metrics.inc(Counter.LOST_OWNERSHIP, phase="ack")
+                log.info("ack refused (%s); the job's record is durable, nothing is lost", answer)
+            else:
+                metrics.inc(Counter.ACK_ERRORS)
+                log.warning("ack failed (%s); a redelivery will ack", answer)
+        elif error is not None:
+            answer = type(error).__name__
+            metrics.inc(Counter.ACK_ERRORS)
+            log.warning("ack failed (%s); a redelivery will ack", error)
+        if on_ack is not None:
+            on_ack(answer)
+
+    try:
+        future = message.ack_with_response()
+    except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
+        failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        failed.set_exception(exc)
+        answered(failed)
+        return
+    future.add_done_callback(answered)
+
+
+def ordering_key(message: Message) -> str:
+    """The message's ordering key ("" without one)."""
+    return getattr(message, "ordering_key", "") or ""
+
+
+def note_order(
+    ordering: OrderingKeys, message: Message, decision: Decision, *, published: float, arrival: int
+) -> None:
+    """Whether this message of its ordering key is done, or later ones must wait for it.
+
+    Called before the settlement, which lets the next message of its key in.
+    """
+    key = ordering_key(message)
+    if not key or decision.outcome is Outcome.DROP:
+        return  # no key; or a newer delivery of this very message settles it
+    if decision.outcome.acks:
+        ordering.finished(key, message.message_id)
+    else:
+        ordering.unfinished(key, message.message_id, published, arrival, decision.delay_s)
