@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timezone
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
@@ -143,9 +145,14 @@ class JobLogger(_Adapter):
             printable(str(extra.get("job_key"))),
             printable(str(extra.get("message_id"))),
         )
+        # Report the caller, not this method: stacklevel 1 names the code that called log(),
+        # info(), ... on this adapter, as it would on a Logger.
+        stacklevel = kwargs.get("stacklevel", 1)
         if sys.version_info >= (3, 11):
-            # Report the caller, not this method (3.11 counts frames outside logging).
-            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+            # 3.11 counts frames outside logging's own source: this method is one more.
+            kwargs["stacklevel"] = stacklevel + 1
+        else:
+            kwargs["stacklevel"] = _raw_stacklevel(sys._getframe(1), stacklevel)
         if len(args) == 1 and isinstance(args[0], Mapping) and args[0]:
             # "%(name)s" style: the prefix's positional arguments cannot mix with it.
             self.logger.log(level, _PREFIX + "%s", *shown, _Formatted(msg, args[0]), **kwargs)
@@ -158,6 +165,30 @@ class JobLogger(_Adapter):
             # Without arguments logging takes msg literally; with the prefix's it formats, so a
             # literal "%" in msg is doubled to come out as it was.
             self.logger.log(level, _PREFIX + msg.replace("%", "%%"), *shown, **kwargs)
+
+
+# logging's own source file: the frames findCaller() passes over.
+_LOGGING_SOURCE = os.path.normcase(logging.Logger.log.__code__.co_filename)
+
+
+def _raw_stacklevel(caller: FrameType | None, stacklevel: int) -> int:
+    """The ``stacklevel`` that names, before Python 3.11, the frame 3.11 would name.
+
+    3.11 counts only frames outside logging's source, so ``stacklevel + 1`` passes over
+    :meth:`JobLogger.log` and the adapter's ``info()`` and the like. Before 3.11,
+    ``findCaller`` starts at the frame that called ``Logger.log`` (:meth:`JobLogger.log`),
+    steps ``stacklevel - 1`` frames of any kind up, and only then passes over logging's
+    frames; so the frame sought (the ``stacklevel``-th outside logging, from ``caller``,
+    the frame that called :meth:`JobLogger.log`) is counted out here.
+    """
+    frame, raw, outside = caller, 1, 0
+    while frame is not None:
+        if os.path.normcase(frame.f_code.co_filename) != _LOGGING_SOURCE:
+            outside += 1
+            if outside == stacklevel:
+                break
+        frame, raw = frame.f_back, raw + 1
+    return raw + 1
 
 
 def job_logger(logger: logging.Logger, key: str, message_id: str) -> JobLogger:
