@@ -3,7 +3,7 @@
 TOOLS := .tools
 NOX := $(TOOLS)/bin/nox
 
-.PHONY: demo test check samples bench
+.PHONY: demo test compat check samples bench
 
 $(NOX):
 	python3 -m venv $(TOOLS)
@@ -14,6 +14,9 @@ demo: $(NOX)  ## start local emulators and run the sample worker on a few jobs
 
 test: $(NOX)  ## the test suite against the real emulators
 	$(NOX) -s tests
+
+compat: $(NOX)  ## unit and contract tests on Python 3.10, 3.12 and 3.13
+	$(NOX) -s compat
 
 check: $(NOX)  ## ruff and mypy --strict
 	$(NOX) -s lint typecheck

@@ -1,6 +1,12 @@
-"""Tasks, the same locally and in CI: tests, lint, typecheck, samples, bench, demo."""
+"""Tasks, the same locally and in CI: tests, compat, lint, typecheck, samples, bench, demo."""
 
 from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import nox
 
@@ -10,6 +16,52 @@ nox.options.reuse_venv = "yes"
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 PASSTHROUGH = ("CI", "EMULATOR_BACKEND", "EMULATOR_SDK_ROOT")
+
+# The supported Pythons other than the one the whole suite runs on (3.11).
+COMPAT_PYTHONS = ["3.10", "3.12", "3.13"]
+
+
+def _pyenv(*args: str) -> str | None:
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return None
+    result = subprocess.run([pyenv, *args], capture_output=True, text=True, check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _activate_pyenv_versions(wanted: list[str]) -> None:
+    """Make pyenv's installed interpreters of the ``wanted`` versions findable by nox.
+
+    pyenv's shims run only the versions it has active: with ``pyenv global 3.11.7``,
+    ``python3.10`` answers "command not found" although 3.10.13 is installed, and nox's
+    interpreter discovery (the same for its uv and virtualenv backends) resolves a shim
+    through the active versions only. It would then download an interpreter, which CI
+    cannot do. So the newest installed patch release of each wanted version that is not
+    active yet is appended to ``PYENV_VERSION``, after the active ones: ``python`` and
+    ``python3`` stay what they were. Without pyenv this does nothing.
+    """
+    root = os.environ.get("PYENV_ROOT") or _pyenv("root")
+    active = os.environ.get("PYENV_VERSION") or _pyenv("version-name")
+    if not active and root and (Path(root) / "version").is_file():
+        active = ":".join((Path(root) / "version").read_text(encoding="utf-8").split())
+    if not root or not active:
+        return
+    versions = active.split(":")
+    installed: dict[str, tuple[int, str]] = {}
+    for entry in (Path(root) / "versions").glob("*"):
+        match = re.fullmatch(r"(\d+\.\d+)\.(\d+)", entry.name)
+        if match and (entry / "bin").is_dir():
+            minor, patch = match.group(1), int(match.group(2))
+            if patch >= installed.get(minor, (-1, ""))[0]:
+                installed[minor] = (patch, entry.name)
+    for minor in wanted:
+        covered = any(version == minor or version.startswith(f"{minor}.") for version in versions)
+        if not covered and minor in installed:
+            versions.append(installed[minor][1])
+    os.environ["PYENV_VERSION"] = ":".join(versions)
+
+
+_activate_pyenv_versions(COMPAT_PYTHONS)
 
 
 def _install(session: nox.Session, *groups: str) -> None:
@@ -42,6 +94,27 @@ def tests(session: nox.Session) -> None:
         "pytest",
         *parallel,
         "--junitxml=.nox/junit-tests.xml",
+        *session.posargs,
+        env={"PYTHONFAULTHANDLER": "1"},
+    )
+
+
+@nox.session(python=COMPAT_PYTHONS)
+def compat(session: nox.Session) -> None:
+    """Unit and contract tests on the other supported Pythons (the whole suite runs on 3.11).
+
+    ``nox -s compat`` runs 3.10, 3.12 and 3.13 in turn, ``nox -s compat-3.10`` one of
+    them. The contract tests run every store against the real emulators, which the
+    pytest plugin starts (one pair, in one pytest process).
+    """
+    _install(session, "test")
+    session.run(
+        "pytest",
+        "-n",
+        "0",
+        f"--junitxml=.nox/junit-compat-{session.python}.xml",
+        "tests/unit",
+        "tests/contract",
         *session.posargs,
         env={"PYTHONFAULTHANDLER": "1"},
     )
