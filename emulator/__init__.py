@@ -6,7 +6,8 @@
 ...     emu.bootstrap(load_topology("topology.toml"))
 
 Command line: ``python -m emulator up``. pytest fixtures: :mod:`emulator.pytest_plugin`.
-Fault injection: :class:`TcpProxy`.
+Fault injection: :class:`TcpProxy`. Pulling a subscription until it stays
+quiet: :func:`drain_messages`.
 """
 
 from emulator.bootstrap import (
@@ -18,6 +19,7 @@ from emulator.bootstrap import (
 )
 from emulator.components import Components, find_components
 from emulator.docker import docker_available
+from emulator.drain import drain_messages
 from emulator.emulators import Backend, Emulators, start_emulators
 from emulator.errors import (
     DockerUnavailable,
@@ -61,6 +63,7 @@ __all__ = [
     "create_subscription",
     "delete_subscription",
     "docker_available",
+    "drain_messages",
     "find_components",
     "load_topology",
     "parse_topology",

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
-from google.api_core.exceptions import DeadlineExceeded
 from google.cloud import firestore
 
 import pubsub_worker
-from emulator import EmulatorError, Emulators, load_topology, start_emulators
+from emulator import EmulatorError, Emulators, drain_messages, load_topology, start_emulators
 
 from .worker import OUTPUT_COLLECTION, OUTPUT_TOPIC, card_settings, make_handler
 
@@ -175,27 +174,13 @@ def _wait(
         time.sleep(0.1)
 
 
-def _drain(subscription: str, quiet_s: float = 1.0) -> list[Any]:
-    """Pull and ack until nothing arrives for ``quiet_s``."""
+def _drain(subscription: str) -> list[Any]:
+    """Pull and ack until nothing arrives for a second."""
     subscriber = pubsub_v1.SubscriberClient()
-    received: list[Any] = []
-    quiet_until = time.monotonic() + quiet_s
     try:
-        while time.monotonic() < quiet_until:
-            try:
-                response = subscriber.pull(
-                    request={"subscription": subscription, "max_messages": 100}, timeout=1
-                )
-            except DeadlineExceeded:
-                continue
-            if response.received_messages:
-                received.extend(m.message for m in response.received_messages)
-                ack_ids = [m.ack_id for m in response.received_messages]
-                subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ack_ids})
-                quiet_until = time.monotonic() + quiet_s
+        return drain_messages(subscriber, subscription, quiet_s=1.0)
     finally:
         subscriber.close()
-    return received
 
 
 def _print_summary(summary: Summary, out: Callable[[str], None]) -> None:

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from google.api_core.exceptions import DeadlineExceeded
 
 import pubsub_worker
-from emulator import Emulators
+from emulator import Emulators, drain_messages
 from pubsub_worker._job.keys import document_id
 
 from . import demo
@@ -41,24 +40,6 @@ MALFORMED = {
     "op-no-content": json.dumps({"claim_id": "C-9", "filename": "a.pdf"}).encode(),
     "op-bad-base64": json.dumps({"claim_id": "C-9", "filename": "a", "content_b64": "%"}).encode(),
 }
-
-
-def drain(subscriber: Any, subscription: str, quiet_s: float = 1.5) -> list[Any]:
-    received: list[Any] = []
-    quiet_until = time.monotonic() + quiet_s
-    while time.monotonic() < quiet_until:
-        try:
-            response = subscriber.pull(
-                request={"subscription": subscription, "max_messages": 100}, timeout=1
-            )
-        except DeadlineExceeded:
-            continue
-        if response.received_messages:
-            received.extend(m.message for m in response.received_messages)
-            ack_ids = [m.ack_id for m in response.received_messages]
-            subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ack_ids})
-            quiet_until = time.monotonic() + quiet_s
-    return received
 
 
 @pytest.fixture
@@ -142,7 +123,7 @@ def test_each_operation_is_transcoded_stored_and_announced_once(
     assert count(pubsub_worker.Counter.ALREADY_DONE) == 1
 
     # Downstream: exactly one announcement per operation id, carrying the effect key.
-    announced = drain(subscriber, running["downstream"].subscription_path)
+    announced = drain_messages(subscriber, running["downstream"].subscription_path)
     assert Counter(m.attributes["operation_id"] for m in announced) == Counter(list(VALID))
     assert {m.attributes["effect_key"] for m in announced} == {
         f"{op}:store_output:0" for op in VALID
@@ -156,7 +137,7 @@ def test_each_operation_is_transcoded_stored_and_announced_once(
         assert heartbeats[operation_id] == chunks  # progress reported per chunk
 
     # The malformed ones: on the failure topic and recorded failed, after one attempt.
-    review = drain(subscriber, running["review"].subscription_path)
+    review = drain_messages(subscriber, running["review"].subscription_path)
     assert sorted(m.attributes["pubsub_worker_key"] for m in review) == sorted(MALFORMED)
     assert {m.attributes["pubsub_worker_reason"] for m in review} == {"permanent"}
     for operation_id in MALFORMED:

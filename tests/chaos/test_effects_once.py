@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from google.api_core.exceptions import DeadlineExceeded
 
-from emulator import Emulators, SubscriptionHandle, TcpProxy, unique_id
+from emulator import Emulators, SubscriptionHandle, TcpProxy, drain_messages, unique_id
 from pubsub_worker._job.keys import document_id
 from samples.fenced_sink import FencedSink
 from tests.chaos.conftest import BOTH_FLAVOURS
@@ -36,34 +35,8 @@ measured 10, 20, 30 and 50 s after a SIGKILL.
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos, pytest.mark.timeout(2 * REDELIVERY_S)]
 
 
-def drain(subscriber: Any, subscription_path: str, *, quiet_s: float = 2.0) -> list[Any]:
-    """Pull and ack until nothing arrived for ``quiet_s``; every message, duplicates included."""
-    received: list[Any] = []
-    quiet_until = time.monotonic() + quiet_s
-    while time.monotonic() < quiet_until:
-        try:
-            response = subscriber.pull(
-                request={
-                    "subscription": subscription_path,
-                    "max_messages": 100,
-                    "return_immediately": True,
-                },
-                timeout=5,
-            )
-        except DeadlineExceeded:
-            continue
-        if response.received_messages:
-            received.extend(m.message for m in response.received_messages)
-            subscriber.acknowledge(
-                request={
-                    "subscription": subscription_path,
-                    "ack_ids": [m.ack_id for m in response.received_messages],
-                }
-            )
-            quiet_until = time.monotonic() + quiet_s
-        else:
-            time.sleep(0.2)
-    return received
+QUIET_S = 2.0
+"""Seconds without a new message after which an output subscription counts as drained."""
 
 
 def job_doc(firestore_client: Any, env: dict[str, str], key: str = KEY) -> dict[str, Any]:
@@ -123,7 +96,7 @@ def test_crash_after_publishing_before_the_ack_publishes_nothing_again(
     second = workers(outbox_env, "second")
     second.wait_for_log("job already completed; acked without running", timeout_s=REDELIVERY_S)
 
-    outputs = drain(subscriber, output.subscription_path)
+    outputs = drain_messages(subscriber, output.subscription_path, quiet_s=QUIET_S)
     assert [m.attributes["effect_key"] for m in outputs] == [f"{KEY}:produce:0"]
     assert outputs[0].data == b"output:attachment"
     assert effects.by_effect() == {"produce": 1, "killed": 1}
@@ -148,12 +121,12 @@ def test_crash_between_the_step_commit_and_the_publish_publishes_the_entry_once(
     first.process.wait(timeout=60)  # killed with the entry committed, not published
     (entry,) = job_doc(firestore_client, outbox_env)["outbox"].values()
     assert (entry["sent"], entry["effect_key"]) == (False, f"{KEY}:produce:0")
-    assert drain(subscriber, output.subscription_path, quiet_s=0.5) == []
+    assert drain_messages(subscriber, output.subscription_path, quiet_s=0.5) == []
 
     workers(outbox_env, "second")
     doc = wait_for_status(firestore_client, outbox_env, "completed")
 
-    outputs = drain(subscriber, output.subscription_path)
+    outputs = drain_messages(subscriber, output.subscription_path, quiet_s=QUIET_S)
     assert [
         (m.data, m.attributes["effect_key"], m.attributes["pubsub_worker_step"]) for m in outputs
     ] == [(b"output:attachment", f"{KEY}:produce:0", "produce")]
@@ -206,7 +179,7 @@ def test_a_consumer_keyed_on_the_effect_key_drops_the_republished_duplicate(
             "job already completed; acked without running", timeout_s=REDELIVERY_S
         )
 
-        copies = drain(subscriber, every_copy)
+        copies = drain_messages(subscriber, every_copy, quiet_s=QUIET_S)
         assert [m.attributes["effect_key"] for m in copies] == [f"{KEY}:produce:0"] * 2
         assert copies[0].data == copies[1].data
         assert effects.count("a") == effects.count("c") == 1  # processed once downstream
@@ -289,7 +262,7 @@ def test_a_paused_owner_s_transactional_write_never_lands(
     )
     documents = [d.to_dict() for d in firestore_client.collection(sink).stream()]
     assert [(d["key"], d["epoch"], d["pid"]) for d in documents] == [(KEY, 2, second.pid)]
-    outputs = drain(subscriber, output.subscription_path)
+    outputs = drain_messages(subscriber, output.subscription_path, quiet_s=QUIET_S)
     assert [m.attributes["effect_key"] for m in outputs] == [f"{KEY}:write:0"]
     doc = job_doc(firestore_client, env)
     assert (doc["status"], doc["epoch"], doc["steps"]["write"]["epoch"]) == ("completed", 2, 2)

@@ -30,6 +30,7 @@ def test_all_is_sorted_and_complete() -> None:
         "create_subscription",
         "delete_subscription",
         "docker_available",
+        "drain_messages",
         "find_components",
         "load_topology",
         "parse_topology",

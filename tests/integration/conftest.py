@@ -9,10 +9,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from google.api_core.exceptions import DeadlineExceeded
 
 import pubsub_worker
-from emulator import Emulators, SubscriptionHandle
+from emulator import Emulators, SubscriptionHandle, drain_messages
 
 
 class RunningWorker:
@@ -95,26 +94,5 @@ def worker(emulators: Emulators) -> Callable[..., Any]:
     return start
 
 
-def pull_all(subscriber: Any, subscription_path: str, quiet_s: float = 1.5) -> list[Any]:
-    """Pull (and ack) everything on a subscription until it stays quiet for ``quiet_s``."""
-    received: list[Any] = []
-    quiet_until = time.monotonic() + quiet_s
-    while time.monotonic() < quiet_until:
-        try:
-            response = subscriber.pull(
-                request={"subscription": subscription_path, "max_messages": 100}, timeout=2
-            )
-        except DeadlineExceeded:
-            continue
-        if response.received_messages:
-            received.extend(m.message for m in response.received_messages)
-            subscriber.acknowledge(
-                request={
-                    "subscription": subscription_path,
-                    "ack_ids": [m.ack_id for m in response.received_messages],
-                }
-            )
-            quiet_until = time.monotonic() + quiet_s
-        else:
-            time.sleep(0.1)
-    return received
+pull_all = drain_messages
+"""Pull (and ack) everything on a subscription until it stays quiet (1.5 s by default)."""
