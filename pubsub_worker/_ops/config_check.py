@@ -252,10 +252,11 @@ def run_checks(
     """
     checks: list[Check] = []
     try:
-        path = settings.subscription_path
+        settings.subscription_path  # noqa: B018 - raises ConfigError when unset
     except ConfigError as exc:
         return [Check("subscription", Level.PROBLEM, str(exc))]
-    subscription = _read(lambda: subscriber.get_subscription(request={"subscription": path}))
+    # Read as the worker reads it at start-up (clients.read_subscription): once, same errors.
+    subscription = _read(lambda: clients.read_subscription(subscriber, settings))
     if isinstance(subscription, Check):
         checks.append(Check("subscription", subscription.level, subscription.detail))
     else:
@@ -276,8 +277,10 @@ def _read(call: Callable[[], Any]) -> Any:
     """The call's answer, or a PROBLEM check saying why there is none."""
     try:
         return call()
-    except gexc.NotFound:
+    except (gexc.NotFound, ConfigError):  # ConfigError: read_subscription's NotFound
         return Check("", Level.PROBLEM, "does not exist")
+    except Unreachable as exc:
+        return Check("", Level.PROBLEM, str(exc))
     except gexc.PermissionDenied as exc:
         return Check("", Level.PROBLEM, f"permission denied: {exc.message}")
     except (gexc.GoogleAPICallError, gexc.RetryError) as exc:

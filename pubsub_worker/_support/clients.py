@@ -25,10 +25,10 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "Publish",
     "check_firestore",
-    "check_subscription",
     "firestore_client",
     "publisher_client",
     "publisher_function",
+    "read_subscription",
     "subscriber_client",
 ]
 
@@ -133,11 +133,13 @@ def firestore_client(settings: Settings) -> firestore.Client:
         return firestore.Client(project=settings.project_id)
 
 
-def check_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Settings) -> bool:
-    """Whether the subscription has exactly-once delivery; errors name what to fix.
+def read_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Settings) -> Any:
+    """The subscription, read once (a ``google.pubsub_v1.types.Subscription``).
 
-    Raises :class:`ConfigError` for a missing subscription, and
-    :class:`Unreachable` when Pub/Sub does not answer.
+    What the start-up checks need is on it: ``enable_exactly_once_delivery``,
+    ``enable_message_ordering``, its topic and policies. Raises
+    :class:`ConfigError` for a missing subscription, and :class:`Unreachable`
+    when Pub/Sub does not answer (after retrying for up to 10 s).
     """
     path = settings.subscription_path
     try:
@@ -157,7 +159,7 @@ def check_subscription(subscriber: pubsub_v1.SubscriberClient, settings: Setting
             else "pubsub.googleapis.com"
         )
         raise Unreachable(f"Pub/Sub did not answer: {hint} ({exc})") from exc
-    return bool(subscription.enable_exactly_once_delivery)
+    return subscription
 
 
 def check_firestore(client: firestore.Client, settings: Settings) -> None:

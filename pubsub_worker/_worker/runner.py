@@ -14,10 +14,10 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
@@ -26,7 +26,12 @@ from pubsub_worker._support import clients
 from pubsub_worker.settings import Settings
 
 from .serve import DEFAULT_HOST, Health, MetricsServer
-from .wrapper import ExactlyOnce, Handler, exactly_once
+from .wrapper import ExactlyOnce, Handler, RunOptions, exactly_once
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+Callback = Callable[[], None]
 
 __all__ = ["ReceiptScheduler", "flow_control", "run", "supervise"]
 
@@ -85,7 +90,7 @@ def run(
     stop: threading.Event | None = None,
     metrics_port: int | None = None,
     metrics_host: str = DEFAULT_HOST,
-    **wrapper_options: Any,
+    **options: Unpack[RunOptions],
 ) -> int:
     """Consume the configured subscription until SIGTERM/SIGINT (or ``stop`` is set).
 
@@ -100,14 +105,15 @@ def run(
     With ``metrics_port`` the worker serves ``/metrics``, ``/livez`` and
     ``/readyz`` on ``metrics_host:metrics_port`` from before its start-up
     checks until it has stopped (:mod:`pubsub_worker._worker.serve`; 0 picks a free
-    port and logs it); readiness follows the streaming pull future.
+    port and logs it); readiness follows the streaming pull future. ``options``
+    are :func:`~pubsub_worker.exactly_once`'s, for a handler not wrapped yet.
     """
     settings = settings or Settings.from_env()
     subscriber = subscriber or clients.subscriber_client(settings)
     wrapped = (
         handler
         if isinstance(handler, ExactlyOnce)
-        else exactly_once(handler, settings=settings, subscriber=subscriber, **wrapper_options)
+        else exactly_once(handler, settings=settings, subscriber=subscriber, **options)
     )
     endpoint = _endpoint(metrics_port, metrics_host)
     try:
@@ -135,7 +141,7 @@ def _consume(
 ) -> int:
     wrapped.start(settings, conclude_off_thread=True)  # drained below, before the stream closes
     stop = stop or threading.Event()
-    restore = _install_signal_handlers(stop)
+    restore = _on_stop_signals(stop)
     executor = ThreadPoolExecutor(
         max_workers=settings.max_messages, thread_name_prefix="pubsub-worker"
     )
@@ -194,12 +200,18 @@ def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
     wrapped.close()
 
 
-def _install_signal_handlers(stop: threading.Event) -> Any:
+def _on_stop_signals(stop: threading.Event, received: list[int] | None = None) -> Callback:
+    """SIGTERM/SIGINT set ``stop`` (and are appended to ``received``); returns the undoing.
+
+    Only the main thread can install signal handlers: elsewhere nothing is installed.
+    """
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         _LOGGER.info("received %s", signal.Signals(signum).name)
+        if received is not None:
+            received.append(signum)
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -235,7 +247,7 @@ def supervise(
     """
     received: list[int] = []
     stop = threading.Event()
-    restore = _install_forwarding(stop, received)
+    restore = _on_stop_signals(stop, received)  # forwarded to the processes as the same signal
     children: list[subprocess.Popen[bytes]] = []
     try:
         for index, command in enumerate(commands, start=1):
@@ -319,22 +331,3 @@ def _exit_text(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"code {code}"
-
-
-def _install_forwarding(stop: threading.Event, received: list[int]) -> Any:
-    """SIGTERM/SIGINT set ``stop`` and are remembered (forwarded as the same signal)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        _LOGGER.info("received %s", signal.Signals(signum).name)
-        received.append(signum)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore

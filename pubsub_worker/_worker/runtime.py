@@ -148,7 +148,7 @@ def build(
 
 def check_subscription(settings: Settings, subscriber: pubsub_v1.SubscriberClient) -> None:
     """ConfigError for a subscription without exactly-once delivery (unless allowed)."""
-    if clients.check_subscription(subscriber, settings):
+    if clients.read_subscription(subscriber, settings).enable_exactly_once_delivery:
         return
     if not settings.allow_at_least_once:
         raise ConfigError(

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud import firestore
@@ -41,13 +41,35 @@ from .outcome import Decision, Happened, Outcome, Phase, backoff_s
 from .runtime import Runtime
 from .settle import settle
 
-__all__ = ["ExactlyOnce", "Handler", "exactly_once"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["ExactlyOnce", "Handler", "Options", "RunOptions", "exactly_once"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
 _MAX_RECEIPTS = 100_000
 
 Handler = Callable[..., Any]
+
+
+class RunOptions(TypedDict, total=False):
+    """What ``run()`` passes on to :func:`exactly_once` (its own settings and subscriber too)."""
+
+    firestore_client: firestore.Client | None
+    publisher: pubsub_v1.PublisherClient | None
+    store: JobStore | None
+    """The job store; a batching Firestore store on ``firestore_client`` when not given."""
+    hooks: Hooks | None
+
+
+class Options(RunOptions, total=False):
+    """What :class:`ExactlyOnce` and :func:`exactly_once` take besides the handler."""
+
+    settings: Settings | None
+    """Read from the environment at :meth:`ExactlyOnce.start` when not given."""
+    subscriber: pubsub_v1.SubscriberClient | None
+    """Used for the start-up check of the subscription."""
 
 
 class ExactlyOnce:
@@ -66,28 +88,18 @@ class ExactlyOnce:
     message; call :meth:`start` yourself to fail fast on bad settings.
     """
 
-    def __init__(
-        self,
-        handler: Handler,
-        *,
-        settings: Settings | None = None,
-        firestore_client: firestore.Client | None = None,
-        publisher: pubsub_v1.PublisherClient | None = None,
-        store: JobStore | None = None,
-        subscriber: pubsub_v1.SubscriberClient | None = None,
-        hooks: Hooks | None = None,
-    ) -> None:
+    def __init__(self, handler: Handler, **options: Unpack[Options]) -> None:
         check_handler(handler)
         self._handler = handler
         self._legacy = not takes_job(handler)
         self._async = is_async(handler)
         self._loop = EventLoopThread()
-        self._settings = settings
-        self._firestore_client = firestore_client
-        self._publisher = publisher
-        self._store = store
-        self._subscriber = subscriber
-        self._hooks = hooks or Hooks()
+        self._settings = options.get("settings")
+        self._firestore_client = options.get("firestore_client")
+        self._publisher = options.get("publisher")
+        self._store = options.get("store")
+        self._subscriber = options.get("subscriber")
+        self._hooks = options.get("hooks") or Hooks()
         self._lock = threading.Lock()  # guards _runtime
         self._runtime: Runtime | None = None
         self._stopping = threading.Event()
@@ -271,63 +283,45 @@ class ExactlyOnce:
         own threads later (:mod:`pubsub_worker._worker.legacy`).
         """
         log = job_logger(_LOGGER, job.key, job.message_id)
-        if self._async:
-            self._call_async(message, job, flow, log)
-            return
-        if self._legacy:
-            proxy = MessageProxy(message, job, flow, log, face=Job(job))
-            try:
-                sync(self._handler(proxy))
-            except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-                proxy.finish(exc)
-                return
-            proxy.finish(None)
-            return
+        proxy, call = self._prepare(message, job, flow, log)
         try:
-            sync(self._handler(message, Job(job)))
+            call()
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
+            error = _cancelled_is_shutdown(exc) if self._async else exc
+            if proxy is not None:
+                proxy.finish(error)
+                return
             job.handler_returned()
-            flow.conclude(Happened(Phase.RUN, error=exc))
+            flow.conclude(Happened(Phase.RUN, error=error))
+            return
+        if proxy is not None:
+            proxy.finish(None)
             return
         job.handler_returned()
         flow.conclude_later(Happened(Phase.RUN))
 
-    def _call_async(
+    def _prepare(
         self, message: Message, job: JobCore, flow: DeliveryFlow, log: logging.LoggerAdapter[Any]
-    ) -> None:
-        """Run an ``async def`` handler on the loop; this thread waits, then concludes."""
+    ) -> tuple[MessageProxy | None, Callable[[], None]]:
+        """The call that runs the handler, and the proxy concluding a callback-style one.
+
+        An ``async def`` handler runs on the worker's loop while this thread waits.
+        """
+        if not self._async:
+            if self._legacy:
+                proxy = MessageProxy(message, job, flow, log, face=Job(job))
+                return proxy, lambda: sync(self._handler(proxy))
+            return None, lambda: sync(self._handler(message, Job(job)))
         ajob = AsyncJob(job, self._loop.io)
         if self._legacy:
-            proxy = DeferredMessageProxy(
+            deferred = DeferredMessageProxy(
                 message, job, flow, log, face=ajob, queued=job.take_deferred, io=self._loop.io
             )
-            try:
-                self._loop.run(_awaited(self._handler(proxy)))
-            except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-                proxy.finish(_cancelled_is_shutdown(exc))
-                return
-            proxy.finish(None)
-            return
-        try:
-            self._loop.run(_job_done(self._handler(message, ajob), ajob))
-        except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
-            job.handler_returned()
-            flow.conclude(Happened(Phase.RUN, error=_cancelled_is_shutdown(exc)))
-            return
-        job.handler_returned()
-        flow.conclude_later(Happened(Phase.RUN))
+            return deferred, lambda: self._loop.run(_awaited(self._handler(deferred)))
+        return None, lambda: self._loop.run(_job_done(self._handler(message, ajob), ajob))
 
 
-def exactly_once(
-    handler: Handler | None = None,
-    *,
-    settings: Settings | None = None,
-    firestore_client: firestore.Client | None = None,
-    publisher: pubsub_v1.PublisherClient | None = None,
-    store: JobStore | None = None,
-    subscriber: pubsub_v1.SubscriberClient | None = None,
-    hooks: Hooks | None = None,
-) -> Any:
+def exactly_once(handler: Handler | None = None, **options: Unpack[Options]) -> Any:
     """Wrap a callback for exactly-once processing; usable bare or with arguments.
 
     ``@exactly_once`` or ``@exactly_once(settings=..., firestore_client=...)``.
@@ -336,15 +330,7 @@ def exactly_once(
     """
 
     def wrap(fn: Handler) -> ExactlyOnce:
-        return ExactlyOnce(
-            fn,
-            settings=settings,
-            firestore_client=firestore_client,
-            publisher=publisher,
-            store=store,
-            subscriber=subscriber,
-            hooks=hooks,
-        )
+        return ExactlyOnce(fn, **options)
 
     return wrap(handler) if handler is not None else wrap
 
