@@ -4,9 +4,9 @@ A callback thread whose handler returned has nothing left to do but wait
 for the completion's write and send the ack. :class:`Completer` takes that
 tail (:meth:`DeliveryFlow.conclude_later
 <pubsub_worker._worker.flow.DeliveryFlow.conclude_later>`), so the thread takes the
-next message: with the client's default flow control the 10 callback
-threads, not Firestore, are what limits a worker, and they spent about half
-their time on that write (``docs/benchmarks.md``).
+next message: with the client's default flow control the callback threads,
+not Firestore, are what limits a worker, and that write is a large part of
+their time (measured in ``docs/benchmarks.md``).
 
 Nothing about the outcome changes: the completion is still durable before
 the ack, the job's key stays held and its lease watched until the ack is
