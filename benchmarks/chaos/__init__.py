@@ -2,13 +2,14 @@
 
 ``python -m benchmarks.chaos`` (or ``nox -s chaos``) starts the real
 emulators, publishes the jobs, starts the workers with ``pubsub-worker run
-benchmarks.chaos_handler:handle`` and kills, freezes, cuts and slows them
+benchmarks.chaos.handler:handle`` and kills, freezes, cuts and slows them
 from a seeded schedule while work remains. When the fleet is drained it
 counts every job, business write, output and message left on the
 subscription, prints a summary and writes a JSON report; a broken
 invariant exits 1 and names the jobs and the seed. See ``docs/chaos.md``.
 
-Modules: :mod:`~benchmarks.chaos.options` (command line),
+Modules: :mod:`~benchmarks.chaos.handler` (the workers' handler: the
+jobs, their effects and counters), :mod:`~benchmarks.chaos.options` (command line),
 :mod:`~benchmarks.chaos.schedule` (the seeded faults),
 :mod:`~benchmarks.chaos.fleet` (worker processes and their links),
 :mod:`~benchmarks.chaos.grpc_proxy` (RPC-level faults),
@@ -21,10 +22,25 @@ Modules: :mod:`~benchmarks.chaos.options` (command line),
 
 from __future__ import annotations
 
-from benchmarks.chaos.options import CI_SEED, Options, parse_args
-from benchmarks.chaos.run import run_chaos
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.chaos.options import CI_SEED, Options, parse_args
+    from benchmarks.chaos.run import run_chaos
 
 __all__ = ["CI_SEED", "Options", "main", "parse_args", "run_chaos"]
+
+# The orchestrator's names are imported on first use: a worker process that
+# imports benchmarks.chaos.handler loads this package, and not the orchestrator.
+_HOMES = {"CI_SEED": "options", "Options": "options", "parse_args": "options", "run_chaos": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from emulator import TcpProxy
 __all__ = ["HANDLER", "ROOT", "Fleet", "Worker", "worker_command"]
 
 ROOT = Path(__file__).resolve().parents[2]
-HANDLER = "benchmarks.chaos_handler:handle"
+HANDLER = "benchmarks.chaos.handler:handle"
 
 # Runs in the child before the worker: sets the parent-death signal, checks the
 # orchestrator did not die before that, then becomes the worker. (A preexec_fn
@@ -50,7 +50,7 @@ os.execvp(sys.argv[2], sys.argv[2:])
 
 
 def worker_command() -> list[str]:
-    """``pubsub-worker run benchmarks.chaos_handler:handle``, from this interpreter's tools."""
+    """``pubsub-worker run benchmarks.chaos.handler:handle``, from this interpreter's tools."""
     beside = Path(sys.executable).with_name("pubsub-worker")
     script = str(beside) if beside.exists() else shutil.which("pubsub-worker")
     base = [script] if script else [sys.executable, "-m", "pubsub_worker.cli"]
@@ -98,7 +98,7 @@ class Worker:
 
     @property
     def stats_path(self) -> Path:
-        """Counters file of the current incarnation (see :mod:`benchmarks.chaos_handler`)."""
+        """Counters file of the current incarnation (see :mod:`benchmarks.chaos.handler`)."""
         return self.log_dir / f"{self.name}-{self.incarnation}.stats.json"
 
     def start(self) -> None:

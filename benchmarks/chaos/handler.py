@@ -1,4 +1,4 @@
-"""The chaos fleet's handler: ``pubsub-worker run benchmarks.chaos_handler:handle``.
+"""The chaos fleet's handler: ``pubsub-worker run benchmarks.chaos.handler:handle``.
 
 Each job (message data: the JSON spec the orchestrator published) runs
 three steps, and every effect is counted where the checker can read it:
