@@ -15,7 +15,7 @@ import pubsub_worker
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._worker.completer import Completer
 from pubsub_worker.stores import base as s
-from tests.unit.test_outcome import SUB, FakeMessage, FlakyStore, World
+from tests.support.world import SUB, FakeMessage, FlakyStore, World
 
 __all__ = ["held"]
 

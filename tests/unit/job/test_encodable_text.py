@@ -26,7 +26,7 @@ from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import LimitExceeded, PermanentError
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores import base as s
-from tests.unit.test_outcome import FakeMessage
+from tests.support.world import FakeMessage
 
 SUB = "projects/p/subscriptions/jobs"
 FAILURES = "projects/p/topics/failures"

@@ -27,7 +27,7 @@ from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import Changes, JobRecord, Snapshot, Status
 
 SUB = "projects/proj/subscriptions/sub"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Clock:

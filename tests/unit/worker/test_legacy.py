@@ -13,7 +13,7 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 import pubsub_worker
 from pubsub_worker._job.keys import document_id
 from pubsub_worker.stores import base as s
-from tests.unit.test_outcome import SUB, FakeMessage, World
+from tests.support.world import SUB, FakeMessage, World
 
 
 @pytest.fixture

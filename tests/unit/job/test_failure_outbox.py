@@ -25,7 +25,7 @@ from pubsub_worker._worker.outcome import Reason
 from pubsub_worker.errors import PermanentError
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord
-from tests.unit.test_outcome import SUB, FakeMessage, World, world
+from tests.support.world import SUB, FakeMessage, World, world
 
 __all__ = ["world"]
 

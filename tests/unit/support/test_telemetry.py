@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import pubsub_worker
 from pubsub_worker.stores import base as s
-from tests.unit.test_outcome import SUB, FakeMessage, World, world
+from tests.support.world import SUB, FakeMessage, World, world
 
 __all__ = ["world"]
 

@@ -10,7 +10,7 @@ from typing import Any
 from pubsub_worker._job.async_job import AsyncJob
 from pubsub_worker._job.keys import document_id
 from pubsub_worker.stores import base as s
-from tests.unit.test_outcome import FakeMessage, World, world
+from tests.support.world import FakeMessage, World, world
 
 __all__ = ["world"]  # the fixture, shared with the sync matrix
 
