@@ -26,7 +26,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
-from .outbox import escape
+from .job import BaseJob
 from .steps import JobCore
 
 __all__ = ["AsyncJob", "EventLoopThread", "flush_queued"]
@@ -131,7 +131,7 @@ class EventLoopThread:
             io.shutdown(wait=False)
 
 
-class AsyncJob:
+class AsyncJob(BaseJob):
     """The job an ``async def`` handler gets: :class:`~pubsub_worker._job.job.Job`, awaited.
 
     ``await job.step(name, fn)`` takes a sync or an async ``fn``;
@@ -143,37 +143,8 @@ class AsyncJob:
     """
 
     def __init__(self, core: JobCore, io: concurrent.futures.Executor) -> None:
-        self._core = core
+        super().__init__(core)
         self._io = io
-
-    @property
-    def key(self) -> str:
-        """The effect key: the key attribute's value, or the message id."""
-        return self._core.key
-
-    @property
-    def epoch(self) -> int:
-        """The fencing token: grows with every claim. Pass it to sinks that can check it."""
-        return self._core.epoch
-
-    @property
-    def attempt(self) -> int:
-        """Which claim of this job this is, from 1."""
-        return self._core.attempt
-
-    @property
-    def message_id(self) -> str:
-        """The message id of this delivery."""
-        return self._core.message_id
-
-    @property
-    def completed_steps(self) -> tuple[str, ...]:
-        """Names of the steps recorded so far (by this or an earlier owner)."""
-        return self._core.completed_steps
-
-    def idempotency_key(self, step: str) -> str:
-        """``{key}:{step}``, stable across redeliveries and owners (see ``Job``)."""
-        return f"{escape(self.key)}:{escape(step)}"
 
     @overload
     async def step(self, name: str, fn: Callable[[], Awaitable[T]]) -> T: ...

@@ -14,17 +14,13 @@ from typing import Any, TypeVar
 from .outbox import escape
 from .steps import JobCore
 
-__all__ = ["Job", "JobCore"]
+__all__ = ["BaseJob", "Job", "JobCore"]
 
 T = TypeVar("T")
 
 
-class Job:
-    """One claimed job, handed to the callback as its second argument.
-
-    Use it from the callback's thread. ``heartbeat()`` may also be called
-    from another thread.
-    """
+class BaseJob:
+    """What both faces of a job show: who it is (key, epoch, attempt, message id, steps)."""
 
     def __init__(self, core: JobCore) -> None:
         self._core = core
@@ -64,6 +60,14 @@ class Job:
         a step that re-runs after a crash repeats no effect there.
         """
         return f"{escape(self.key)}:{escape(step)}"
+
+
+class Job(BaseJob):
+    """One claimed job, handed to the callback as its second argument.
+
+    Use it from the callback's thread. ``heartbeat()`` may also be called
+    from another thread.
+    """
 
     def step(self, name: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` once for this job and return its result.
