@@ -7,13 +7,7 @@ the version just read: if anyone wrote in between, the claim is decided
 again from a fresh read. No lock is held between the read and the write.
 
 Whether a running job's lease is still live is judged on the store's clock
-(:func:`lease_left_s`): the claim stores the lease length (``lease_seconds``)
-and every write of the owner moves the document's update time, so the lease
-runs until ``update_time + lease_seconds``, compared with the snapshot's read
-time. Both times come from the server, so a worker whose wall clock is off by
-a minute decides exactly as one whose clock is right. ``lease_expires_at`` is
-still written, from the writer's clock, for humans and for documents written
-before ``lease_seconds`` existed.
+(:mod:`pubsub_worker._job.lease`).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -40,8 +34,9 @@ from pubsub_worker.stores.base import (
 )
 
 from .keys import JobIdentity, display
+from .lease import lease_fields, lease_left_s, now_utc
 
-__all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide", "lease_left_s", "now_utc"]
+__all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide"]
 
 _LOGGER = logging.getLogger(__name__)
 _MAX_ROUNDS = 20
@@ -95,34 +90,6 @@ class Claim:
         return self.record.epoch
 
 
-def now_utc() -> datetime:
-    """The current time, timezone-aware (Firestore stores UTC timestamps)."""
-    return datetime.now(timezone.utc)
-
-
-def lease_left_s(
-    record: JobRecord,
-    now: datetime,
-    *,
-    read_time: datetime | None = None,
-    update_time: datetime | None = None,
-) -> float:
-    """Seconds the current claim's lease still runs (zero or less: expired). Pure.
-
-    With the snapshot's server times and a stored ``lease_s`` this is
-    ``update_time + lease_s - read_time``: the owner's last write renewed the
-    lease, and ``now`` (this process's wall clock) plays no part. Without
-    them (a store without a clock, a document written before
-    ``lease_seconds``) it falls back to ``lease_expires_at - now``, which
-    trusts that the writer's clock and ours agree. No lease at all: expired.
-    """
-    if read_time is not None and update_time is not None and record.lease_s is not None:
-        return (update_time - read_time).total_seconds() + record.lease_s
-    if record.lease_expires_at is None:
-        return 0.0
-    return (record.lease_expires_at - now).total_seconds()
-
-
 def decide(
     record: JobRecord,
     request: ClaimRequest,
@@ -169,8 +136,7 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
         s.OWNER: request.owner,
         s.MESSAGE_ID: request.message_id,
         s.DELIVERY: request.delivery,
-        s.LEASE_SECONDS: float(request.lease_s),
-        s.LEASE_EXPIRES_AT: now + timedelta(seconds=request.lease_s),
+        **lease_fields(request.lease_s, now),
         s.ATTEMPTS: 1,
         s.PAYLOAD_SHA256: identity.payload_sha256,
         s.FIRST_SEEN_AT: now,
@@ -225,8 +191,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             (s.OWNER,): request.owner,
             (s.MESSAGE_ID,): request.message_id,
             (s.DELIVERY,): request.delivery,
-            (s.LEASE_SECONDS,): float(request.lease_s),
-            (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=request.lease_s),
+            **{(name,): value for name, value in lease_fields(request.lease_s, now).items()},
             (s.ATTEMPTS,): record.attempts + 1,
             (s.UPDATED_AT,): now,
             # Retention counts from the last claim, so a job still being retried is kept.

@@ -69,8 +69,8 @@ from pubsub_worker.errors import FailurePathUnavailable, OutboxUnsent
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
 
-from .claim import now_utc
 from .keys import display, document_id
+from .lease import now_utc
 from .records import STEPS_BUDGET_BYTES, encodable_text
 from .steps import JobCore
 

@@ -12,7 +12,7 @@ and the write is sent again on the new version; anything else is
 **The Firestore lease.** The claim stores ``lease_seconds``; every fenced
 write renews the lease because it moves the document's update time, and a
 job is live while ``update_time + lease_seconds`` is ahead of the reader's
-server read time (:mod:`pubsub_worker._job.claim`). ``lease_expires_at`` is
+server read time (:mod:`pubsub_worker._job.lease`). ``lease_expires_at`` is
 written too, from this worker's clock, for humans only. The lease is
 renewed by step commits and by heartbeats, at most every third of a lease.
 
@@ -34,7 +34,7 @@ from pubsub_worker.stores.base import JobRecord, JobStore, Status, Transactional
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from pubsub_worker.stores.firestore_async import transact_async
 
-from .claim import now_utc
+from .lease import now_utc, renewal_due
 from .records import encodable_text
 
 __all__ = ["FencedDocument"]
@@ -93,8 +93,8 @@ class FencedDocument:
         return self._last_write
 
     def lease_due(self) -> bool:
-        """A third of a lease passed since our last write: a heartbeat should write."""
-        return time.monotonic() - self._last_write > self._lease_s / 3
+        """A write would renew the lease now (:func:`~pubsub_worker._job.lease.renewal_due`)."""
+        return renewal_due(self._last_write, self._lease_s)
 
     def lease_changes(self) -> dict[tuple[str, ...], Any]:
         """The human-readable lease and ``updated_at`` (the update time is the real lease)."""

@@ -36,9 +36,9 @@ from pubsub_worker.errors import (
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, OutboxEntry, Version
 
-from .claim import now_utc
 from .context import JobContext
 from .keys import JobIdentity
+from .lease import now_utc
 from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, unsent
 from .ownership import JobOwnership
 from .records import Budget, Recorded, TransactionParts, check_step_name, encode

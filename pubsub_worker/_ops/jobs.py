@@ -42,9 +42,9 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from pubsub_worker._job.claim import now_utc
 from pubsub_worker._job.failure import rejected_document_id
 from pubsub_worker._job.keys import document_id
+from pubsub_worker._job.lease import now_utc
 from pubsub_worker.errors import PubSubWorkerError, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobStore, Status

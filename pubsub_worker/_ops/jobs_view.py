@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from pubsub_worker._job.claim import lease_left_s
+from pubsub_worker._job.lease import lease_left_s
 from pubsub_worker._support.logs import printable
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, Snapshot, Status

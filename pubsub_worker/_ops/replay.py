@@ -59,8 +59,8 @@ from typing import Any
 
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from pubsub_worker._job.claim import lease_left_s, now_utc
 from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, display
+from pubsub_worker._job.lease import lease_left_s, now_utc
 from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import check_message
 from pubsub_worker.errors import LimitExceeded, StoreError, VersionConflict

@@ -20,8 +20,9 @@ import pytest
 
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import cli
-from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim, now_utc
+from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.keys import derive_identity
+from pubsub_worker._job.lease import now_utc
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult, list_failed, replay
 from pubsub_worker.cli import environment as cli_environment
 from pubsub_worker.errors import VersionConflict

@@ -7,8 +7,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from pubsub_worker._job import claim as claim_module
-from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim, decide, lease_left_s
+from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim, decide
 from pubsub_worker._job.keys import derive_identity
+from pubsub_worker._job.lease import lease_left_s
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import EXPIRE_AT, LEASE_SECONDS, JobRecord, Status
 
