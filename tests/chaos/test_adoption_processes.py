@@ -9,9 +9,6 @@ tests.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +27,7 @@ from tests.support.observe import (
     job_document,
     runs,
 )
-from tests.support.processes import ROOT, Effects, Worker, stop_all
+from tests.support.processes import Effects, Worker, start_worker, stop_all
 
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos]
 
@@ -45,17 +42,8 @@ def adoption_workers(tmp_path: Path) -> Iterator[Any]:
 
     def start(env: dict[str, str], name: str = "worker") -> Worker:
         log_path = tmp_path / f"{name}-{len(started)}.log"
-        with log_path.open("ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.adoption_worker"],
-                cwd=ROOT,
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-        worker = Worker(process, log_path)
+        worker = start_worker(env, log_path, name, module="tests.support.adoption_worker")
         started.append(worker)
-        worker.wait_for_log('"worker": "ready"')
         return worker
 
     yield start

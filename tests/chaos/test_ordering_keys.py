@@ -25,9 +25,6 @@ while they could have run.
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -45,7 +42,7 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from tests.chaos.conftest import LEASE_S
 from tests.support.observe import collect, job_document, number, wait_until_let_go
-from tests.support.processes import ROOT, Effects, Worker, stop_all
+from tests.support.processes import Effects, Worker, start_worker, stop_all
 
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos]
 
@@ -125,17 +122,8 @@ def ordering_workers(tmp_path: Path) -> Iterator[Any]:
 
     def start(env: dict[str, str], name: str = "worker") -> Worker:
         log_path = tmp_path / f"{name}-{len(started)}.log"
-        with log_path.open("ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.ordering_worker"],
-                cwd=ROOT,
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-        worker = Worker(process, log_path)
+        worker = start_worker(env, log_path, name, module="tests.support.ordering_worker")
         started.append(worker)
-        worker.wait_for_log('"worker": "ready"')
         return worker
 
     yield start

@@ -130,12 +130,19 @@ class Effects:
         raise AssertionError(f"{effect!r} seen {self.count(effect)} times, wanted {count}")
 
 
-def start_worker(env: Mapping[str, str], log_path: Path, name: str = "worker") -> Worker:
-    """``python -m tests.support.worker`` with ``env`` on top of this process's environment."""
+def start_worker(
+    env: Mapping[str, str],
+    log_path: Path,
+    name: str = "worker",
+    *,
+    module: str = "tests.support.worker",
+) -> Worker:
+    """``python -m MODULE`` (a worker of tests/support) with ``env`` on top of this process's
+    environment; returns once it logged that it is ready."""
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     log_file = log_path.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.worker"],
+        [sys.executable, "-m", module],
         cwd=ROOT,
         env=full_env,
         stdout=log_file,
