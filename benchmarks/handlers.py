@@ -70,6 +70,10 @@ def _store(scenario: Scenario, client: Any, collection: str) -> JobStore | None:
         return None  # whatever exactly_once builds from the client
     if scenario.store == "direct":
         return FirestoreJobStore(client, collection)
+    if scenario.store == "memory":
+        from pubsub_worker.stores.memory import MemoryJobStore  # noqa: PLC0415
+
+        return MemoryJobStore()
     from pubsub_worker.stores.batching import BatchingFirestoreJobStore  # noqa: PLC0415
 
     return BatchingFirestoreJobStore(client, collection, **scenario.batching)

@@ -40,7 +40,7 @@ else passed (1,000 messages, 100 MiB outstanding, 10 threads); ``run``: what
 :func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 10 threads by default, and
 as many messages prefetched: 20 in flow control)."""
 
-StoreKind = Literal["default", "direct", "batched"]
+StoreKind = Literal["default", "direct", "batched", "memory"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ class Scenario:
     """Also run the paced (latency) and lone-message phases."""
     store: StoreKind = "default"
     """``default``: what ``exactly_once`` builds; ``direct``: one RPC per write;
-    ``batched``: concurrent writes coalesced into BatchWrite RPCs, tuned by ``batching``."""
+    ``batched``: concurrent writes coalesced into BatchWrite RPCs, tuned by ``batching``;
+    ``memory``: :class:`~pubsub_worker.stores.memory.MemoryJobStore`, no Firestore at all:
+    the wrapper's own cost, with the store's round trips taken out."""
     batching: Mapping[str, Any] = field(default_factory=dict)
     """Options of ``BatchingFirestoreJobStore`` for ``store="batched"``."""
     asynchronous: bool = False
@@ -158,6 +160,23 @@ _ALL: tuple[Scenario, ...] = (
         "`pubsub_worker.run()` defaults, 1 step",
         steps=1,
         subscribe="run",
+    ),
+    # -- the wrapper's own cost: the same wrapper on the in-memory store (no Firestore)
+    Scenario(
+        "wrapped-1-memory",
+        "wrapped",
+        "`exactly_once`, 1 step, in-memory store (no Firestore)",
+        steps=1,
+        store="memory",
+    ),
+    Scenario(
+        "wrapped-1-memory-default",
+        "wrapped",
+        "`exactly_once`, 1 step, in-memory store, client defaults",
+        baseline="stock-eod-default",
+        steps=1,
+        subscribe="default",
+        store="memory",
     ),
     # -- flow control: each side's best per process
     *_pair("c30", "30 in flight", concurrency=30),
@@ -251,6 +270,10 @@ BASELINE = "stock-eod"
 GROUPS: dict[str, tuple[str, ...]] = {
     "core": ("stock-ack", "stock-eod", "wrapped-0", "wrapped-1", "wrapped-3"),
     "default": ("stock-eod-default", "wrapped-1-default", "legacy-default", "run-1"),
+    "memory": (
+        *("stock-eod", "wrapped-1", "wrapped-1-memory"),
+        *("stock-eod-default", "wrapped-1-default", "wrapped-1-memory-default"),
+    ),
     "flow": (
         *("stock-eod", "wrapped-1", "stock-eod-default", "wrapped-1-default"),
         *("stock-eod-c30", "wrapped-1-c30", "stock-eod-c100", "wrapped-1-c100"),
@@ -271,7 +294,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 """Families of scenarios, usable in ``--scenarios`` in place of names."""
 
-DEFAULT_SCENARIOS = ("core", "default", "flow", "async", "fleet", "payload")
+DEFAULT_SCENARIOS = ("core", "default", "memory", "flow", "async", "fleet", "payload")
 """What ``python -m benchmarks.run`` runs without ``--scenarios``."""
 
 
