@@ -1,4 +1,12 @@
-"""An in-memory job store for unit tests of pure logic; one process, no durability."""
+"""An in-memory job store for unit tests of pure logic; one process, no durability.
+
+It keeps the whole store contract, transactions included
+(:class:`~pubsub_worker.stores.base.TransactionalStore`), so the claim, the
+fences and ``job.transactional_step`` run on it as on Firestore. A
+transaction's function gets a :class:`MemoryTransaction` where Firestore's
+gets a ``google.cloud.firestore.Transaction``: reads of the store's
+documents, and writes kept until the commit.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +17,15 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from pubsub_worker.errors import StoreError
+
 from .base import AlreadyExists, Changes, Snapshot, Version, VersionConflict
 
-__all__ = ["MemoryJobStore"]
+__all__ = ["MemoryJobStore", "MemoryTransaction"]
 
 _TICK = timedelta(microseconds=1)
+_MAX_ATTEMPTS = 5
+"""Runs of a transaction's function whose reads went stale before it gives up (Firestore's)."""
 
 
 def _utc_now() -> datetime:
@@ -21,7 +33,7 @@ def _utc_now() -> datetime:
 
 
 class MemoryJobStore:
-    """Implements :class:`~pubsub_worker.stores.base.JobStore` with a dict and a lock.
+    """Implements :class:`~pubsub_worker.stores.base.TransactionalStore` with a dict and a lock.
 
     Versions are integers from one counter, so a version is never reused.
     ``clock`` plays the server's clock: it stamps each write's update time
@@ -37,7 +49,8 @@ class MemoryJobStore:
         self._versions = itertools.count(1)
         self._last_write: datetime | None = None
         self.writes = 0
-        """Successful creates and updates, for tests that count store traffic."""
+        """Documents created or changed (a transaction counts each it wrote), for tests that
+        count store traffic."""
 
     def get(self, doc_id: str) -> Snapshot | None:
         with self._lock:
@@ -56,28 +69,96 @@ class MemoryJobStore:
         with self._lock:
             if doc_id in self._docs:
                 raise AlreadyExists(doc_id)
-            version = next(self._versions)
-            self._docs[doc_id] = (copy.deepcopy(dict(fields)), version, self._write_time())
-            self.writes += 1
-            return version
+            return self._put(doc_id, copy.deepcopy(dict(fields)))
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
         with self._lock:
-            found = self._docs.get(doc_id)
-            if found is None or found[1] != expected:
-                raise VersionConflict(doc_id)
-            fields = copy.deepcopy(found[0])
-            for path, value in changes.items():
-                _set(fields, path, copy.deepcopy(value))
-            version = next(self._versions)
-            self._docs[doc_id] = (fields, version, self._write_time())
-            self.writes += 1
-            return version
+            self._check(doc_id, expected)
+            return self._put(doc_id, _changed(self._docs[doc_id][0], changes))
+
+    def transact(
+        self,
+        doc_id: str,
+        *,
+        expected: Version,
+        body: Callable[[Any], Any],
+        changes: Callable[[Any], Changes],
+    ) -> tuple[Any, Version | None]:
+        """Run ``body(transaction)``, then write ``changes(result)`` to the job; all or nothing.
+
+        As :meth:`~pubsub_worker.stores.firestore.FirestoreJobStore.transact`:
+        :class:`VersionConflict` unless the job is at ``expected``, checked
+        before ``body`` runs and again at the commit; an exception from
+        ``body`` or ``changes`` writes nothing and is raised as it is.
+        ``body`` gets a :class:`MemoryTransaction` and runs without the
+        store's lock (it may read through the store); it is run again when a
+        document it read changed before the commit (Firestore retries such a
+        transaction too), at most 5 times, then :class:`StoreError`. Returns
+        the body's result and the job's new version.
+        """
+        for _ in range(_MAX_ATTEMPTS):
+            with self._lock:
+                self._check(doc_id, expected)
+            transaction = MemoryTransaction(self)
+            result = body(transaction)
+            job_changes = changes(result)
+            with self._lock:
+                self._check(doc_id, expected)
+                if any(self._version(d) != v for d, v in transaction.reads.items()):
+                    continue  # contention: run the body again on fresh reads
+                writes = [*transaction.writes, ("update", doc_id, job_changes)]
+                return result, self._commit(writes)[doc_id]
+        raise StoreError(f"the transaction on job {doc_id} kept conflicting")
 
     def delete_all(self) -> None:
         """Forget every document."""
         with self._lock:
             self._docs.clear()
+
+    def _version(self, doc_id: str) -> int | None:
+        found = self._docs.get(doc_id)
+        return found[1] if found is not None else None
+
+    def _check(self, doc_id: str, expected: Version) -> None:
+        """:class:`VersionConflict` unless the job is at ``expected``; the caller holds the lock."""
+        version = self._version(doc_id)
+        if version is None or version != expected:
+            raise VersionConflict(doc_id)
+
+    def _commit(self, writes: list[tuple[str, str, Any]]) -> dict[str, int]:
+        """Apply a transaction's writes in order, all or nothing; the caller holds the lock.
+
+        Every document's new state is worked out before any is stored.
+        Returns the new version of each document written.
+        """
+        state: dict[str, dict[str, Any] | None] = {}
+        for kind, doc_id, payload in writes:
+            if doc_id not in state:
+                found = self._docs.get(doc_id)
+                state[doc_id] = found[0] if found is not None else None
+            fields = state[doc_id]
+            if kind == "create" and fields is not None:
+                raise StoreError(f"the transaction's create of {doc_id} found it existing")
+            if kind == "update" and fields is None:
+                raise StoreError(f"the transaction's update of {doc_id} found no document")
+            # The new fields; None for a delete.
+            state[doc_id] = (
+                _changed(fields, payload) if fields is not None and kind == "update" else payload
+            )
+        versions: dict[str, int] = {}
+        for doc_id, new in state.items():
+            if new is None:
+                self._docs.pop(doc_id, None)
+            else:
+                versions[doc_id] = self._put(doc_id, new)
+        return versions
+
+    def _put(self, doc_id: str, fields: dict[str, Any]) -> int:
+        """Store ``fields`` as the document's new state; the caller holds the lock."""
+        version = next(self._versions)
+        self._docs[doc_id] = (fields, version, self._write_time())
+        self.writes += 1
+        return version
 
     def _write_time(self) -> datetime:
         """The update time of a write now; the caller holds the lock."""
@@ -86,6 +167,57 @@ class MemoryJobStore:
             stamp = self._last_write + _TICK
         self._last_write = stamp
         return stamp
+
+
+class MemoryTransaction:
+    """What a transactional step's function gets on :class:`MemoryJobStore`.
+
+    Reads see the documents as committed; writes are kept and applied at the
+    commit, together with the job's record, or not at all. As in a Firestore
+    transaction, every read comes before the first write. A ``create`` of a
+    document that exists, or an ``update`` of one that does not, fails the
+    whole commit with :class:`StoreError` (Firestore's commit fails too).
+    """
+
+    def __init__(self, store: MemoryJobStore) -> None:
+        self._store = store
+        self.reads: dict[str, object] = {}
+        """Each document read, with the version read (``None``: it did not exist)."""
+        self.writes: list[tuple[str, str, Any]] = []
+        """The writes the commit applies, in order: (create | set | update | delete, doc id,
+        fields or changes)."""
+
+    def get(self, doc_id: str) -> dict[str, Any] | None:
+        """The document's fields (a copy), or ``None`` when it does not exist."""
+        if self.writes:
+            raise RuntimeError("a transaction reads every document before it writes one")
+        snap = self._store.get(doc_id)
+        self.reads[doc_id] = snap.version if snap is not None else None
+        return snap.fields if snap is not None else None
+
+    def create(self, doc_id: str, fields: Mapping[str, Any]) -> None:
+        """Create the document at the commit; the commit fails if it exists by then."""
+        self.writes.append(("create", doc_id, copy.deepcopy(dict(fields))))
+
+    def set(self, doc_id: str, fields: Mapping[str, Any]) -> None:
+        """Replace (or create) the document at the commit."""
+        self.writes.append(("set", doc_id, copy.deepcopy(dict(fields))))
+
+    def update(self, doc_id: str, changes: Changes) -> None:
+        """Change fields (paths as in :meth:`MemoryJobStore.update`) at the commit."""
+        self.writes.append(("update", doc_id, copy.deepcopy(dict(changes))))
+
+    def delete(self, doc_id: str) -> None:
+        """Delete the document at the commit."""
+        self.writes.append(("delete", doc_id, None))
+
+
+def _changed(fields: dict[str, Any], changes: Changes) -> dict[str, Any]:
+    """A copy of ``fields`` with ``changes`` applied."""
+    result = copy.deepcopy(fields)
+    for path, value in changes.items():
+        _set(result, path, copy.deepcopy(value))
+    return result
 
 
 def _set(fields: dict[str, Any], path: tuple[str, ...], value: Any) -> None:

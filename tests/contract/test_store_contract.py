@@ -1,19 +1,30 @@
 """The same assertions on every job store: memory (pure logic) and Firestore (the real emulator).
 
-These pin the three primitives the claim and commit logic is built on:
-create-if-absent, read with a version and the server's times, and
-update-if-version-unchanged.
+These pin the primitives the claim and commit logic is built on:
+create-if-absent, read with a version and the server's times,
+update-if-version-unchanged, and the transaction of a transactional step
+(the job's changes and the body's writes, all or nothing, at the expected
+version).
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
 from pubsub_worker.stores import FirestoreJobStore, MemoryJobStore
-from pubsub_worker.stores.base import AlreadyExists, JobStore, VersionConflict
+from pubsub_worker.stores.base import (
+    WRITE_ID,
+    AlreadyExists,
+    JobStore,
+    TransactionalStore,
+    VersionConflict,
+)
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
 
@@ -144,3 +155,177 @@ def test_concurrent_creates_have_exactly_one_winner(store: JobStore) -> None:
     with ThreadPoolExecutor(8) as pool:
         wins = list(pool.map(make, [f"w{i}" for i in range(8)]))
     assert wins.count(True) == 1
+
+
+# -- transactions: the job's changes and the body's writes, all or nothing -------------
+
+
+class Boom(Exception):
+    """Raised by a transaction's body or changes: the caller's own error."""
+
+
+def write_other(store: JobStore, transaction: Any, doc_id: str, fields: dict[str, Any]) -> None:
+    """A business write in a transaction: what ``job.transactional_step``'s function does."""
+    if isinstance(store, MemoryJobStore):
+        transaction.set(doc_id, fields)
+    else:
+        assert isinstance(store, FirestoreJobStore)
+        transaction.set(store.ref(doc_id), fields)
+
+
+def stored(store: JobStore, doc_id: str) -> dict[str, Any] | None:
+    """A document's fields without the store's own bookkeeping (Firestore's ``write_id``)."""
+    snap = store.get(doc_id)
+    if snap is None:
+        return None
+    return {name: value for name, value in snap.fields.items() if name != WRITE_ID}
+
+
+def step_changes(result: Any) -> dict[tuple[str, ...], Any]:
+    return {("steps", "s"): {"result": json.dumps(result), "epoch": 1}}
+
+
+def test_every_store_runs_transactions(store: JobStore) -> None:
+    """``job.transactional_step`` needs it; a store without it refuses those steps."""
+    assert isinstance(store, TransactionalStore)
+
+
+def test_a_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
+    store: JobStore,
+) -> None:
+    assert isinstance(store, TransactionalStore)
+    v1 = store.create("job-x1", {"epoch": 1, "status": "running"})
+    runs: list[int] = []
+
+    def body(transaction: Any) -> dict[str, int]:
+        runs.append(1)
+        write_other(store, transaction, "effect-x1", {"amount": 7})
+        return {"n": 7}
+
+    result, v2 = store.transact("job-x1", expected=v1, body=body, changes=step_changes)
+    assert result == {"n": 7}
+    assert runs == [1]
+    assert v2 is not None
+    assert v2 != v1
+    snap = store.get("job-x1")
+    assert snap is not None
+    assert snap.version == v2  # the version returned is the job's new one
+    assert snap.fields["steps"] == {"s": {"result": '{"n": 7}', "epoch": 1}}
+    assert snap.fields["status"] == "running"  # fields not in the changes are kept
+    assert stored(store, "effect-x1") == {"amount": 7}
+    with pytest.raises(VersionConflict):
+        store.update("job-x1", {("epoch",): 9}, expected=v1)  # the old version is stale
+    store.update("job-x1", {("epoch",): 2}, expected=v2)  # the returned one is current
+
+
+def test_a_transaction_at_a_stale_version_conflicts_and_writes_nothing(store: JobStore) -> None:
+    assert isinstance(store, TransactionalStore)
+    v1 = store.create("job-x2", {"epoch": 1})
+    v2 = store.update("job-x2", {("epoch",): 2}, expected=v1)  # a new owner's claim
+    runs: list[int] = []
+
+    def body(transaction: Any) -> str:
+        runs.append(1)
+        write_other(store, transaction, "effect-x2", {"by": "stale owner"})
+        return "stale"
+
+    with pytest.raises(VersionConflict):
+        store.transact("job-x2", expected=v1, body=body, changes=step_changes)
+    assert runs == []  # the version is checked before the body runs
+    snap = store.get("job-x2")
+    assert snap is not None
+    assert snap.version == v2
+    assert stored(store, "job-x2") == {"epoch": 2}
+    assert store.get("effect-x2") is None
+
+
+def test_a_transaction_on_a_missing_job_conflicts(store: JobStore) -> None:
+    assert isinstance(store, TransactionalStore)
+    version = store.create("job-x3", {"epoch": 1})
+
+    def body(transaction: Any) -> str:
+        write_other(store, transaction, "effect-x3", {"by": "nobody"})
+        return "none"
+
+    with pytest.raises(VersionConflict):
+        store.transact("job-404", expected=version, body=body, changes=step_changes)
+    assert store.get("job-404") is None
+    assert store.get("effect-x3") is None
+
+
+@pytest.mark.parametrize("raised_in", ["body", "changes"])
+def test_a_transaction_whose_body_or_changes_raise_writes_nothing(
+    store: JobStore, raised_in: str
+) -> None:
+    """The caller's exception comes back as it is; neither the job nor the business write lands.
+
+    ``changes`` raises when the step's record would not fit the document
+    (``DocumentTooLarge``), after the body made its writes.
+    """
+    assert isinstance(store, TransactionalStore)
+    v1 = store.create("job-x4", {"epoch": 1})
+
+    def body(transaction: Any) -> str:
+        write_other(store, transaction, "effect-x4", {"amount": 1})
+        if raised_in == "body":
+            raise Boom("the step failed")
+        return "done"
+
+    def changes(result: Any) -> dict[tuple[str, ...], Any]:
+        if raised_in == "changes":
+            raise Boom("the record does not fit")
+        return step_changes(result)
+
+    with pytest.raises(Boom):
+        store.transact("job-x4", expected=v1, body=body, changes=changes)
+    snap = store.get("job-x4")
+    assert snap is not None
+    assert snap.version == v1
+    assert stored(store, "job-x4") == {"epoch": 1}
+    assert store.get("effect-x4") is None
+    store.update("job-x4", {("epoch",): 2}, expected=v1)  # v1 is still the job's version
+
+
+def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(store: JobStore) -> None:
+    """A new owner's claim lands while the body runs: the transaction or the claim wins, never both.
+
+    Firestore locks the job the transaction read, so the claim waits (and is
+    retried by the store) until the commit, then finds the version moved; the
+    memory store lets the claim in and the commit conflicts.
+    """
+    assert isinstance(store, TransactionalStore)
+    v1 = store.create("job-x5", {"owner": "first"})
+    claimed: list[bool] = []
+    racer: list[threading.Thread] = []
+
+    def take() -> None:
+        try:
+            store.update("job-x5", {("owner",): "second"}, expected=v1)
+        except VersionConflict:
+            claimed.append(False)
+        else:
+            claimed.append(True)
+
+    def body(transaction: Any) -> str:
+        write_other(store, transaction, "effect-x5", {"by": "first"})
+        if not racer:  # the body may run again on contention; one racer
+            racer.append(threading.Thread(target=take))
+            racer[0].start()
+            racer[0].join(timeout=1.0)  # lets the racer land where nothing holds it back
+        return "first"
+
+    try:
+        store.transact("job-x5", expected=v1, body=body, changes=lambda _r: {("step",): "done"})
+    except VersionConflict:
+        committed = False
+    else:
+        committed = True
+    racer[0].join(timeout=60)
+    assert not racer[0].is_alive()
+    assert claimed == [not committed]
+    if committed:
+        assert stored(store, "job-x5") == {"owner": "first", "step": "done"}
+        assert stored(store, "effect-x5") == {"by": "first"}
+    else:
+        assert stored(store, "job-x5") == {"owner": "second"}
+        assert stored(store, "effect-x5") is None
