@@ -41,7 +41,7 @@ from . import report
 from .claiming import claim_job
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
-from .settle import note_order, ordering_key, settle
+from .settle import ack_early, note_order, ordering_key, settle
 
 __all__ = ["DeliveryFlow", "RunHandler"]
 
@@ -392,6 +392,7 @@ class DeliveryFlow:
         if job is None:
             raise LostOwnership("no job was claimed")  # cannot happen: decide needs a claim
         if outcome is Outcome.COMPLETE:
+            ack_early(self._message)  # the durable-ack fence: nothing unless a test switched it off
             job.complete()
         else:
             job.release(decision.error, count_attempt=outcome is Outcome.RETRY)

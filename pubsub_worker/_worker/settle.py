@@ -2,7 +2,10 @@
 
 :func:`settle` carries a final :class:`~pubsub_worker._worker.outcome.Outcome`
 out on Pub/Sub once its write (if any) is durable; :func:`note_order` tells
-the ordering keys whether the message is done, just before.
+the ordering keys whether the message is done, just before. That the ack of
+a completion waits for its write is the ``durable-ack`` fence
+(:mod:`pubsub_worker._support.fences`): switched off in a test,
+:func:`ack_early` acks before the completion is written.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import OrderingKeys
 from pubsub_worker._delivery.lease import LOST_STATUSES
+from pubsub_worker._support import fences
 from pubsub_worker._support.metrics import Counter, Metrics
 
 from .outcome import MAX_DEFER_S, MIN_DEFER_S, Decision, Outcome
 
-__all__ = ["AckObserver", "Settleable", "note_order", "ordering_key", "settle"]
+__all__ = ["AckObserver", "Settleable", "ack_early", "note_order", "ordering_key", "settle"]
 
 
 class Settleable(Protocol):
@@ -42,6 +46,19 @@ class Settleable(Protocol):
 AckObserver = Callable[[str], None]
 """Called with the ack's answer: ``SUCCESS``, an ``AcknowledgeStatus`` name, or ``TIMEOUT``."""
 
+_EARLY: dict[int, concurrent.futures.Future[Any]] = {}
+"""Acks sent before the completion's write (the ``durable-ack`` fence switched off), by message."""
+
+
+def ack_early(message: Settleable) -> None:
+    """Nothing, unless a test switched the ``durable-ack`` fence off: then ack now.
+
+    Called just before a completion is written; :func:`settle` then reports
+    this ack's answer instead of sending another.
+    """
+    if fences.off("durable-ack"):
+        _EARLY[id(message)] = message.ack_with_response()
+
 
 def settle(
     decision: Decision,
@@ -61,8 +78,9 @@ def settle(
     next delivery sees the record and acks); it is counted as ``acks_lost``.
     """
     outcome = decision.outcome
+    early = _EARLY.pop(id(message), None) if _EARLY else None  # sent by ack_early
     if outcome.acks:
-        _ack(message, metrics, log, on_ack)
+        _ack(message, metrics, log, on_ack, early)
     elif outcome is Outcome.DROP:
         message.drop()
     elif decision.delay_s > 0:
@@ -78,6 +96,7 @@ def _ack(
     metrics: Metrics,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
     on_ack: AckObserver | None,
+    early: concurrent.futures.Future[Any] | None = None,
 ) -> None:
     def answered(future: concurrent.futures.Future[Any]) -> None:
         answer = "SUCCESS"
@@ -99,7 +118,7 @@ def _ack(
             on_ack(answer)
 
     try:
-        future = message.ack_with_response()
+        future = early if early is not None else message.ack_with_response()
     except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
         failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
         failed.set_exception(exc)

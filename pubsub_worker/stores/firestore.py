@@ -26,6 +26,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
 
+from pubsub_worker._support import fences
 from pubsub_worker.errors import StoreError
 
 from .base import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionConflict
@@ -198,7 +199,8 @@ class FirestoreJobStore:
         @firestore.transactional
         def run(transaction: Any) -> Any:
             snap = ref.get(transaction=transaction, timeout=self._rpc_timeout_s)
-            if not snap.exists or snap.update_time != expected:
+            # The ``transaction`` fence: the job is at the version its owner last wrote.
+            if not snap.exists or (snap.update_time != expected and not fences.off("transaction")):
                 raise VersionConflict(doc_id)
             result = body(transaction)
             data = {_path(path): value for path, value in changes(result).items()}

@@ -24,6 +24,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
 
+from pubsub_worker._support import fences
 from pubsub_worker.errors import StoreError, VersionConflict
 
 from .base import WRITE_ID, Changes, Version
@@ -84,7 +85,8 @@ async def transact_async(
     @firestore.async_transactional
     async def run(transaction: Any) -> Any:
         snap = await ref.get(transaction=transaction)
-        if not snap.exists or snap.update_time != expected:
+        # The ``transaction`` fence: the job is at the version its owner last wrote.
+        if not snap.exists or (snap.update_time != expected and not fences.off("transaction")):
             raise VersionConflict(doc_id)
         result = await body(transaction)
         data = {FieldPath(*path).to_api_repr(): value for path, value in changes(result).items()}

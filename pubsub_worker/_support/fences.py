@@ -1,0 +1,141 @@
+"""Switches that turn one fence of the protocol off, for tests against the emulators only.
+
+A test of a fence must fail when that fence alone is removed. Each fence is
+one check in the code, named here; its site asks :func:`off` whether the
+check is switched off, and a must-fail test runs the race the fence guards
+with it off and sees the violation:
+
+===============  ==============================================  ===============================
+fence            where, what it guards                           switched off
+===============  ==============================================  ===============================
+``generation``   ``DeliveryTracker.is_current``: only the        every delivery counts as
+                 latest delivery of a message, not given up      current: a superseded one
+                 nor refused by Pub/Sub, goes on and concludes   runs on and settles
+``claim``        ``claim.claim``: create-if-absent, and the      the claim writes over the
+                 compare-and-set on the version it decided on    document it finds now
+``commit``       ``FencedDocument.write``: the version           a write uses the document's
+                 precondition of the owner's writes              current version, unchecked
+``transaction``  ``transact`` of the Firestore stores (sync and  the transaction commits
+                 async): the job's version checked in the        whatever version it reads
+                 transaction
+``durable-ack``  ``DeliveryFlow``: the ack only once the         the ack goes out before the
+                 completion is durable                           completion's write
+``outbox``       ``JobCore.complete``: unsent outbox entries     the job completes with its
+                 published before the completion                 entries unsent
+===============  ==============================================  ===============================
+
+The switch is read once, when this module is imported, from
+``PUBSUB_WORKER_UNSAFE_DISABLE_FENCES`` (comma-separated names), so that a
+test can start real worker processes with a fence off; in-process tests use
+:func:`disabled`. It is honoured only when ``PUBSUB_EMULATOR_HOST`` and
+``FIRESTORE_EMULATOR_HOST`` are both set: anywhere else, as for an unknown
+name, a worker refuses to start (:func:`check` raises
+:class:`~pubsub_worker.errors.ConfigError`), and a worker that starts with a
+fence off logs a warning naming it. With nothing switched off (production),
+a fence site costs one lookup in an empty frozenset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Literal, get_args
+
+from pubsub_worker.errors import ConfigError
+
+__all__ = ["ENV", "FENCES", "Fence", "check", "disabled", "off", "parse"]
+
+Fence = Literal["generation", "claim", "commit", "transaction", "durable-ack", "outbox"]
+"""The name of a fence that a test may switch off."""
+
+FENCES: tuple[Fence, ...] = get_args(Fence)
+"""Every fence, in the order a delivery meets them."""
+
+ENV = "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES"
+"""The variable naming the fences switched off (comma-separated), read once at import."""
+
+EMULATORS = ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST")
+"""Both must be set for a fence to be switched off."""
+
+_LOGGER = logging.getLogger("pubsub_worker")
+
+
+def parse(environ: Mapping[str, str]) -> frozenset[Fence]:
+    """The fences ``environ`` switches off (empty without :data:`ENV`).
+
+    Raises :class:`~pubsub_worker.errors.ConfigError` for a name that is not
+    a fence, and when a fence would be switched off without both emulators.
+    """
+    raw = environ.get(ENV, "")
+    names = {name.strip() for name in raw.split(",")} - {""}
+    if not names:
+        return frozenset()
+    unknown = sorted(names - set(FENCES))
+    if unknown:
+        raise ConfigError(
+            f"{ENV}={raw!r}: unknown fence(s) {', '.join(unknown)} "
+            f"(accepted: comma-separated names among {', '.join(FENCES)})"
+        )
+    _refuse_unless_emulated(environ)
+    return frozenset(name for name in FENCES if name in names)
+
+
+def _refuse_unless_emulated(environ: Mapping[str, str]) -> None:
+    missing = [name for name in EMULATORS if not environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"{ENV}: refused: fences can only be switched off against the emulators "
+            f"({' and '.join(missing)} not set)"
+        )
+
+
+try:
+    _off = parse(os.environ)
+    _refusal: ConfigError | None = None
+except ConfigError as _error:
+    _off, _refusal = frozenset(), _error
+
+
+def off(name: Fence) -> bool:
+    """Whether fence ``name`` is switched off (never, unless a test asked for it)."""
+    return name in _off
+
+
+def check() -> None:
+    """At a worker's start: refuse a bad :data:`ENV`, and warn loudly of any fence switched off.
+
+    Raises :class:`~pubsub_worker.errors.ConfigError` (an unknown name, or no emulators).
+    """
+    if _refusal is not None:
+        raise _refusal
+    if _off:
+        _warn(_off)
+
+
+@contextmanager
+def disabled(*names: Fence) -> Iterator[None]:
+    """Switch fences ``names`` off in this process for the block (an in-process test's twin).
+
+    Raises :class:`~pubsub_worker.errors.ConfigError` for an unknown name or
+    when the emulators' variables are not both set.
+    """
+    global _off  # noqa: PLW0603 - the one switch every fence site reads
+    wanted = parse({**os.environ, ENV: ",".join(names)})
+    before = _off
+    _off = before | wanted
+    _warn(wanted)
+    try:
+        yield
+    finally:
+        _off = before
+
+
+def _warn(names: frozenset[Fence]) -> None:
+    _LOGGER.warning(
+        "UNSAFE: fence(s) %s switched off (%s): exactly-once processing is NOT guaranteed; "
+        "this is for tests against the emulators only",
+        ", ".join(name for name in FENCES if name in names),
+        ENV,
+    )
