@@ -1,0 +1,196 @@
+"""The fences of a delivery on their own: generation, durable-ack, outbox.
+
+As in ``test_fences.py`` (its harness: real deliveries pulled one at a time,
+workers in this process on the real emulators, a delivery held at a named
+point): each scenario runs with every fence on, where exact counts show the
+fence held, and with its own fence switched off, where the violation it
+guards against is observed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import pubsub_worker
+from emulator import drain_messages, unique_id
+from tests.support.observe import step_epochs
+
+from .test_fences import TWINS, Hold, World, settled, steps_handler, switched_off, world
+
+__all__ = ["world"]
+
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(90)]
+
+
+# -- generation: only the latest delivery of a message goes on and settles -------------
+
+
+@TWINS
+def test_a_superseded_delivery_never_settles(world: World, fenced: bool) -> None:
+    """Two deliveries of one message reach one worker. The first (D1) is held at its
+    claim's create; the message comes back (its deadline set to 0, as when a lease
+    lapses) and the second (D2) takes the key over, claims the job, completes it and
+    acks. Let go, D1 finds the job completed, but it is superseded: it is dropped,
+    never acked. Without the fence, the stale delivery settles: it acks with its old
+    ack id, which Pub/Sub refuses."""
+    a = world.node("a", steps_handler(world, "a"))
+    held = a.store.hold("create")
+    world.publish()
+    d1 = world.inbox.next()
+    late = a.deliver(d1)
+    held.wait_arrived()
+    d2 = world.inbox.redeliver(d1)
+    settled(a.deliver(d2))
+
+    with switched_off("generation", fenced):
+        held.release()
+        settled(late)
+
+    assert world.inbox.of(d2) == ["ack: SUCCESS"]
+    assert world.effects == [("a", "charge", 1)]
+    doc = world.job()
+    assert (doc["status"], doc["epoch"], doc["attempts"]) == ("completed", 1, 1)
+    if fenced:
+        assert world.inbox.of(d1) == ["drop: -"]
+        assert a.wrapped.metrics.get(pubsub_worker.Counter.ACKS_LOST) == 0
+    else:
+        assert world.inbox.of(d1) == ["ack: INVALID_ACK_ID"]  # the stale delivery acked
+        assert a.wrapped.metrics.get(pubsub_worker.Counter.ACKS_LOST) == 1
+
+
+@TWINS
+def test_a_superseded_delivery_stops_at_its_next_boundary(world: World, fenced: bool) -> None:
+    """The first delivery (D1, epoch 1) is held in its handler, outside any step; the
+    message comes back and D2 takes the job over (epoch 2: the lease was held by a
+    superseded delivery of this very worker), runs it and acks. Let go, D1 reaches
+    ``job.heartbeat()`` and stops there: nothing after it runs. Without the fence, D1
+    runs on past the boundary and runs the step again, at its old epoch."""
+    paused = Hold()
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        if job.epoch == 1:
+            paused.stop_here()
+        job.heartbeat()  # a boundary: a superseded delivery stops here
+        world.effect("a", "after heartbeat", job.epoch)
+        job.step("charge", lambda: world.effect("a", "charge", job.epoch))
+
+    a = world.node("a", handle)
+    world.publish()
+    d1 = world.inbox.next()
+    late = a.deliver(d1)
+    paused.wait_arrived()
+    d2 = world.inbox.redeliver(d1)
+    settled(a.deliver(d2))
+
+    with switched_off("generation", fenced):
+        paused.release()
+        settled(late)
+
+    by_d2 = [("a", "after heartbeat", 2), ("a", "charge", 2)]
+    assert world.inbox.of(d2) == ["ack: SUCCESS"]
+    doc = world.job()
+    assert (doc["status"], doc["epoch"], step_epochs(doc)) == ("completed", 2, {"charge": 2})
+    if fenced:
+        assert world.effects == by_d2
+        assert world.inbox.of(d1) == ["drop: -"]
+    else:
+        assert world.effects == [*by_d2, ("a", "after heartbeat", 1), ("a", "charge", 1)]
+        assert world.inbox.of(d1) == ["nack: INVALID_ACK_ID"]
+
+
+# -- durable-ack: the ack only once the completion is durable ---------------------------
+
+
+@TWINS
+def test_the_ack_waits_for_the_durable_completion(world: World, fenced: bool) -> None:
+    """One job, one step. When the worker acks, Pub/Sub's answer is final: the job
+    document must say ``completed`` already (read back from Firestore as the ack is
+    sent). Without the fence, the ack goes out while the job is still running: a crash
+    there would lose the job with its message acked."""
+    a = world.node("a", steps_handler(world, "a"))
+    world.publish()
+    delivery = world.inbox.next()
+    with switched_off("durable-ack", fenced):
+        settled(a.deliver(delivery))
+
+    (ack,) = [t for t in world.inbox.told if t.ack_id == delivery.ack_id]
+    assert (ack.what, ack.answer) == ("ack", "SUCCESS")
+    assert ack.status == ("completed" if fenced else "running")
+    assert world.job()["status"] == "completed"
+    assert world.effects == [("a", "charge", 1)]
+
+
+# -- outbox: unsent entries are published before the completion -------------------------
+
+
+@pytest.fixture
+def output(world: World) -> Iterator[tuple[str, str]]:
+    """A topic path (not created yet) and the path of a subscription to make on it."""
+    project = world.emulators.project
+    topic = f"projects/{project}/topics/{unique_id('out')}"
+    subscription = f"projects/{project}/subscriptions/{unique_id('out')}"
+    yield topic, subscription
+    deletes: list[Callable[[], object]] = [
+        lambda: world.subscriber.delete_subscription(request={"subscription": subscription}),
+        lambda: world.publisher.delete_topic(request={"topic": topic}),
+    ]
+    for delete in deletes:
+        try:
+            delete()
+        except Exception:
+            pass  # never made: the scenario did not get that far
+
+
+@TWINS
+def test_a_job_completes_only_once_its_outbox_is_sent(
+    world: World, fenced: bool, output: tuple[str, str]
+) -> None:
+    """A step publishes through the outbox to a topic that does not exist yet: the
+    entry is committed with the step, its publish fails. The handler returns; the
+    completion first publishes what is unsent, fails again, and the job is released
+    (the message deferred, not acked). Once the topic exists, the redelivery publishes
+    the entry, once, then completes. Without the fence, the job is completed (and its
+    message acked) with the entry never sent."""
+    topic, subscription = output
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        def produce() -> str:
+            world.effect("a", "produce", job.epoch)
+            job.publish(topic, b"output", source="fences")
+            return "produced"
+
+        job.step("produce", produce)
+
+    a = world.node("a", handle)
+    world.publish()
+    first = world.inbox.next()
+    with switched_off("outbox", fenced):
+        settled(a.deliver(first))
+
+    doc = world.job()
+    ((entry_id, entry),) = doc["outbox"].items()
+    assert entry["sent"] is False
+    assert world.effects == [("a", "produce", 1)]
+    if not fenced:
+        assert doc["status"] == "completed"  # completed with its entry unsent
+        assert world.inbox.of(first) == ["ack: SUCCESS"]
+        return
+    assert doc["status"] == "released"
+    assert world.inbox.of(first) == ["deadline 10: SUCCESS", "drop: -"]  # deferred, not acked
+
+    world.publisher.create_topic(request={"name": topic})
+    world.subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    second = world.inbox.redeliver(first)
+    settled(a.deliver(second))
+
+    doc = world.job()
+    assert (doc["status"], doc["epoch"], doc["outbox"][entry_id]["sent"]) == ("completed", 2, True)
+    assert world.inbox.of(second) == ["ack: SUCCESS"]
+    assert world.effects == [("a", "produce", 1)]
+    outputs = drain_messages(world.subscriber, subscription, quiet_s=1.0)
+    assert [(m.data, m.attributes["effect_key"]) for m in outputs] == [
+        (b"output", "op-1:produce:0")
+    ]
