@@ -47,6 +47,8 @@ _PROJECT_ID = re.compile(r"^[a-z][a-z0-9\-:.]{1,61}[a-z0-9]$|^[a-z][a-z0-9\-]{0,
 _FULL_PATH = re.compile(
     r"^projects/(?P<project>[^/]+)/(?P<kind>subscriptions|topics)/(?P<id>[^/]+)$"
 )
+_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]+$")
+_SPACE = re.compile(r"\s")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
 
 # What each variable accepts, for error messages.
@@ -72,6 +74,15 @@ _ACCEPTS: dict[str, str] = {
         f"{LIBRARY_ATTRIBUTE_PREFIX!r} (the library's own attributes)"
     ),
     "log_format": "text or json",
+    "push_audience": (
+        "the audience of the push subscription's OIDC token (its --push-auth-token-audience, "
+        "by default the push endpoint's URL): 1 to 2048 characters, no spaces"
+    ),
+    "push_verify_token": "true or false (false only where no token is sent: the emulator)",
+    "push_service_account": (
+        "the email of the service account the push subscription signs its tokens as "
+        "(its --push-auth-service-account)"
+    ),
     "pubsub_emulator_host": "HOST:PORT",
     "firestore_emulator_host": "HOST:PORT",
 }
@@ -163,6 +174,13 @@ class Settings(BaseSettings):
     """Attribute that carries the effect key on messages published through the outbox."""
     log_format: Literal["text", "json"] = "text"
     """Log line format of the ``pubsub-worker`` command."""
+    push_audience: str | None = None
+    """Push subscriptions: the ``aud`` claim a request's OIDC token must carry."""
+    push_verify_token: bool = True
+    """Push subscriptions: refuse a request without a valid OIDC token (401/403) before
+    anything is read or written; ``false`` only where Pub/Sub sends no token (the emulator)."""
+    push_service_account: str | None = None
+    """Push subscriptions: the ``email`` claim a request's OIDC token must carry (verified)."""
     pubsub_emulator_host: str | None = Field(
         default=None,
         validation_alias=AliasChoices("pubsub_emulator_host", "PUBSUB_EMULATOR_HOST"),
@@ -230,6 +248,20 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{LIBRARY_ATTRIBUTE_PREFIX}* attributes are set by pubsub-worker itself"
             )
+        return value
+
+    @field_validator("push_audience")
+    @classmethod
+    def _check_audience(cls, value: str | None) -> str | None:
+        if value is not None and (not 1 <= len(value) <= 2048 or _SPACE.search(value)):
+            raise ValueError("not a token audience")
+        return value
+
+    @field_validator("push_service_account")
+    @classmethod
+    def _check_service_account(cls, value: str | None) -> str | None:
+        if value is not None and not _EMAIL.match(value):
+            raise ValueError("not a service account email")
         return value
 
     @field_validator("project")

@@ -1,0 +1,275 @@
+"""The OIDC token of a push request, verified with google-auth before anything else happens.
+
+A push subscription created with ``--push-auth-service-account=SA`` sends
+``Authorization: Bearer <JWT>``: an ID token Google signed for that service
+account, with the audience the subscription names
+(``--push-auth-token-audience``, by default the endpoint's URL).
+:class:`TokenVerifier` accepts a request only when, as Pub/Sub's guide asks:
+
+* the signature verifies against Google's certificates, the token is
+  not expired nor issued in the future (``clock_skew_s`` of slack), and its
+  issuer is ``accounts.google.com`` (:func:`google.oauth2.id_token.verify_oauth2_token`);
+* ``aud`` is ``PUBSUB_WORKER_PUSH_AUDIENCE``;
+* ``email`` is ``PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT`` and ``email_verified``
+  is true: any Google account can mint a token for any audience, so the
+  audience alone proves nothing about who sent it.
+
+A missing, malformed, forged, expired or wrong-audience token is
+:class:`Refused` with 401; a valid token of another account with 403. The
+endpoint answers both before it reads the body (:mod:`pubsub_worker.push.app`).
+Certificates that cannot be fetched are :class:`CertificatesUnavailable`
+(503: Pub/Sub sends the request again), never a 401.
+
+The certificates are fetched once and kept as long as Google's
+``Cache-Control: max-age`` allows (:class:`CachedCertificates`, a
+``google.auth.transport.Request`` that remembers answers); an unknown key
+id fetches them again at most once a minute, so a rotation is picked up
+and forged key ids cannot make the endpoint fetch on every request. Tests
+pass their own transport and sign with their own keys: no network.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import google.auth.exceptions
+import google.auth.transport
+from google.oauth2 import id_token
+
+from pubsub_worker.errors import ConfigError
+from pubsub_worker.settings import Settings, env_name
+
+__all__ = [
+    "GOOGLE_CERTS_URL",
+    "CachedCertificates",
+    "CertificatesUnavailable",
+    "Refused",
+    "TokenVerifier",
+    "verifier_for",
+]
+
+_LOGGER = logging.getLogger("pubsub_worker")
+
+GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
+"""Where Google publishes the certificates its ID tokens are signed with (x509, by key id)."""
+
+_DEFAULT_MAX_AGE_S = 300.0
+_LONGEST_MAX_AGE_S = 24 * 3600.0
+_REFETCH_UNKNOWN_KEY_S = 60.0
+_FETCH_TIMEOUT_S = 10.0
+_MAX_AGE = re.compile(r"max-age=(\d+)")
+_INSTALL = "pip install 'pubsub-worker[push]'"
+
+
+class Refused(Exception):
+    """A request refused for its token: :attr:`status` (401 or 403) and :attr:`reason`."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class _UnknownKey(Refused):
+    """Signed with a key id the certificates in hand do not have."""
+
+
+class CertificatesUnavailable(Exception):
+    """Google's certificates could not be fetched: the request cannot be judged now (503)."""
+
+
+class _Remembered(google.auth.transport.Response):
+    def __init__(self, status: int, headers: Mapping[str, str], data: bytes) -> None:
+        self._status, self._headers, self._data = status, dict(headers), data
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+
+class CachedCertificates(google.auth.transport.Request):
+    """A transport that remembers each URL's 200 answer for its ``max-age``. Thread-safe.
+
+    ``transport`` makes the real requests (default: google-auth's ``requests``
+    transport, from the ``push`` extra); ``clock`` is ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        transport: google.auth.transport.Request | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._lock = threading.Lock()  # guards _answers; held while fetching (one fetch at once)
+        self._answers: dict[str, tuple[float, float, _Remembered]] = {}  # url -> (at, until, ...)
+        self.fetches = 0
+        """Requests actually sent (for tests and the curious)."""
+
+    def __call__(
+        self,
+        url: str,
+        method: str = "GET",
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> google.auth.transport.Response:
+        """The remembered answer while fresh, else a new one (remembered when it is a 200)."""
+        with self._lock:
+            now = self._clock()
+            found = self._answers.get(url)
+            if found is not None and now < found[1]:
+                return found[2]
+            response = self._inner()(url, method=method, timeout=timeout or _FETCH_TIMEOUT_S)
+            self.fetches += 1
+            remembered = _Remembered(response.status, response.headers, response.data)
+            if response.status == http.client.OK:
+                self._answers[url] = (now, now + _max_age_s(response.headers), remembered)
+            return remembered
+
+    def forget_stale(self, url: str, older_than_s: float) -> bool:
+        """Forget ``url``'s answer if it is older than ``older_than_s``; whether it was."""
+        with self._lock:
+            found = self._answers.get(url)
+            if found is None or self._clock() - found[0] < older_than_s:
+                return False
+            del self._answers[url]
+            return True
+
+    def _inner(self) -> google.auth.transport.Request:
+        if self._transport is None:
+            try:
+                import google.auth.transport.requests as transport_requests  # noqa: PLC0415
+            except ImportError as exc:
+                raise ImportError(f"verifying push tokens needs requests: {_INSTALL}") from exc
+            self._transport = transport_requests.Request()
+        return self._transport
+
+
+def _max_age_s(headers: Mapping[str, str]) -> float:
+    control = next((v for k, v in headers.items() if k.lower() == "cache-control"), "")
+    found = _MAX_AGE.search(control)
+    age = float(found.group(1)) if found else _DEFAULT_MAX_AGE_S
+    return min(age, _LONGEST_MAX_AGE_S)
+
+
+class TokenVerifier:
+    """Judges a request's ``Authorization`` header (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        audience: str,
+        service_account: str,
+        certificates: CachedCertificates | None = None,
+        certs_url: str = GOOGLE_CERTS_URL,
+        clock_skew_s: int = 10,
+    ) -> None:
+        self.audience = audience
+        self.service_account = service_account
+        self._certs = certificates or CachedCertificates()
+        self._certs_url = certs_url
+        self._skew = clock_skew_s
+
+    def verify(self, authorization: str | None) -> Mapping[str, Any]:
+        """The token's claims; :class:`Refused` (401/403) or :class:`CertificatesUnavailable`."""
+        token = _bearer(authorization)
+        try:
+            claims = self._decode(token)
+        except _UnknownKey:
+            if not self._certs.forget_stale(self._certs_url, _REFETCH_UNKNOWN_KEY_S):
+                raise
+            claims = self._decode(token)  # an unknown key id: perhaps a rotation
+        email = claims.get("email")
+        if email != self.service_account:
+            raise Refused(
+                403,
+                f"the token is for {_clip(email)!s}, not the push subscription's service "
+                f"account ({env_name('push_service_account')})",
+            )
+        if claims.get("email_verified") is not True:
+            raise Refused(403, "the token's email is not verified")
+        return claims
+
+    def _decode(self, token: str) -> Mapping[str, Any]:
+        try:
+            claims: Mapping[str, Any] = id_token.verify_oauth2_token(  # type: ignore[no-untyped-call]
+                token, self._certs, audience=self.audience, clock_skew_in_seconds=self._skew
+            )
+            return claims
+        except google.auth.exceptions.TransportError as exc:
+            raise CertificatesUnavailable(f"Google's certificates: {_clip(exc)}") from exc
+        except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
+            if "Certificate for key id" in str(exc):
+                raise _UnknownKey(401, f"invalid token: {_clip(exc)}") from None
+            raise Refused(401, f"invalid token: {_clip(exc)}") from None
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise Refused(
+            401,
+            "no Authorization header: the push subscription must send an OIDC token "
+            "(gcloud pubsub subscriptions update ... --push-auth-service-account=SA)",
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Refused(401, "the Authorization header is not 'Bearer <token>'")
+    return token.strip()
+
+
+def _clip(value: object, limit: int = 200) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def verifier_for(
+    settings: Settings, certificates: CachedCertificates | None = None
+) -> TokenVerifier | None:
+    """The verifier the settings ask for; None (with a warning) when verification is off.
+
+    ``ConfigError`` when verification is on and the audience or the service
+    account is not set: a push endpoint must not accept tokens it cannot judge.
+    """
+    if not settings.push_verify_token:
+        _LOGGER.warning(
+            "%s=false: push requests are accepted without a token; only where Pub/Sub sends "
+            "none (the emulator)",
+            env_name("push_verify_token"),
+        )
+        return None
+    missing = [
+        env_name(field)
+        for field in ("push_audience", "push_service_account")
+        if getattr(settings, field) is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"{' and '.join(missing)} must be set to verify push requests' OIDC tokens "
+            f"(the subscription's --push-auth-token-audience and --push-auth-service-account), "
+            f"or set {env_name('push_verify_token')}=false where Pub/Sub sends no token "
+            "(the emulator)"
+        )
+    assert settings.push_audience is not None
+    assert settings.push_service_account is not None
+    return TokenVerifier(
+        audience=settings.push_audience,
+        service_account=settings.push_service_account,
+        certificates=certificates,
+    )

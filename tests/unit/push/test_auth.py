@@ -1,0 +1,212 @@
+"""The push token check: google-auth's verification on test keys, certificates cached."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import pytest
+
+from pubsub_worker.errors import ConfigError
+from pubsub_worker.push.auth import (
+    CachedCertificates,
+    CertificatesUnavailable,
+    Refused,
+    TokenVerifier,
+    verifier_for,
+)
+from pubsub_worker.settings import Settings
+
+from .tokens import AUDIENCE, SERVICE_ACCOUNT, CertServer, TestKeys, verifier
+
+KEYS = TestKeys()
+
+
+def refused(check: TokenVerifier, header: str | None) -> Refused:
+    with pytest.raises(Refused) as caught:
+        check.verify(header)
+    return caught.value
+
+
+def test_a_token_pubsub_signed_for_the_audience_and_account_is_accepted() -> None:
+    check, _ = verifier(KEYS)
+    claims = check.verify("Bearer " + KEYS.token())
+    assert claims["email"] == SERVICE_ACCOUNT
+    assert claims["aud"] == AUDIENCE
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        (None, "no Authorization header"),
+        ("", "no Authorization header"),
+        ("Basic dXNlcjpwYXNz", "not 'Bearer <token>'"),
+        ("Bearer", "not 'Bearer <token>'"),
+        ("Bearer not.a.jwt", "invalid token"),
+        ("Bearer garbage", "invalid token"),
+    ],
+)
+def test_a_missing_or_malformed_header_is_401(header: str | None, why: str) -> None:
+    check, _ = verifier(KEYS)
+    found = refused(check, header)
+    assert found.status == 401
+    assert why in found.reason
+
+
+def test_a_forged_token_is_401() -> None:
+    forger = TestKeys(kid=KEYS.kid)  # the right key id, another private key
+    check, _ = verifier(KEYS)
+    found = refused(check, "Bearer " + forger.token())
+    assert (found.status, found.reason) == (401, "invalid token: Could not verify token signature.")
+
+
+def test_an_expired_token_is_401() -> None:
+    check, _ = verifier(KEYS)
+    old = int(time.time()) - 7200
+    found = refused(check, "Bearer " + KEYS.token(iat=old, exp=old + 3600))
+    assert found.status == 401
+    assert "Token expired" in found.reason
+
+
+def test_a_token_from_the_future_is_401() -> None:
+    check, _ = verifier(KEYS)
+    later = int(time.time()) + 600
+    found = refused(check, "Bearer " + KEYS.token(iat=later, exp=later + 3600))
+    assert found.status == 401
+    assert "used too early" in found.reason
+
+
+def test_a_wrong_audience_is_401() -> None:
+    check, _ = verifier(KEYS)
+    found = refused(check, "Bearer " + KEYS.token(aud="https://elsewhere.example/"))
+    assert found.status == 401
+    assert "wrong audience" in found.reason
+
+
+def test_a_wrong_issuer_is_401() -> None:
+    check, _ = verifier(KEYS)
+    found = refused(check, "Bearer " + KEYS.token(iss="https://evil.example"))
+    assert found.status == 401
+    assert "issuer" in found.reason
+
+
+def test_an_unsigned_token_is_401() -> None:
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    claims = {"aud": AUDIENCE, "email": SERVICE_ACCOUNT, "email_verified": True}
+    unsigned = f"{part({'alg': 'none', 'kid': KEYS.kid})}.{part(claims)}."
+    check, _ = verifier(KEYS)
+    assert refused(check, "Bearer " + unsigned).status == 401
+
+
+@pytest.mark.parametrize(
+    ("claims", "why"),
+    [
+        ({"email": "someone@example.com"}, "not the push subscription's service account"),
+        ({"email": None}, "not the push subscription's service account"),
+        ({"email_verified": False}, "not verified"),
+        ({"email_verified": None}, "not verified"),
+    ],
+)
+def test_a_valid_token_of_another_account_is_403(claims: dict[str, Any], why: str) -> None:
+    check, _ = verifier(KEYS)
+    found = refused(check, "Bearer " + KEYS.token(**claims))
+    assert found.status == 403
+    assert why in found.reason
+
+
+def test_certificates_are_fetched_once_while_fresh() -> None:
+    check, server = verifier(KEYS)
+    for _ in range(5):
+        check.verify("Bearer " + KEYS.token())
+    assert server.requests == 1
+
+
+def test_certificates_are_fetched_again_after_their_max_age() -> None:
+    now = [1000.0]
+    server = CertServer(KEYS.certs(), max_age_s=60)
+    check, _ = verifier(KEYS, server=server)
+    check = TokenVerifier(
+        audience=AUDIENCE,
+        service_account=SERVICE_ACCOUNT,
+        certificates=CachedCertificates(server, clock=lambda: now[0]),
+    )
+    check.verify("Bearer " + KEYS.token())
+    now[0] += 59
+    check.verify("Bearer " + KEYS.token())
+    assert server.requests == 1
+    now[0] += 2
+    check.verify("Bearer " + KEYS.token())
+    assert server.requests == 2
+
+
+def test_a_rotated_key_is_picked_up_and_unknown_key_ids_fetch_at_most_once_a_minute() -> None:
+    now = [1000.0]
+    rotated = TestKeys(kid="test-key-2")
+    server = CertServer(KEYS.certs())
+    check = TokenVerifier(
+        audience=AUDIENCE,
+        service_account=SERVICE_ACCOUNT,
+        certificates=CachedCertificates(server, clock=lambda: now[0]),
+    )
+    check.verify("Bearer " + KEYS.token())
+    server.certs = {**KEYS.certs(), **rotated.certs()}  # Google rotates
+    found = refused(check, "Bearer " + rotated.token())  # within the minute: not fetched
+    assert "not found" in found.reason
+    assert server.requests == 1
+    now[0] += 61
+    assert check.verify("Bearer " + rotated.token())["email"] == SERVICE_ACCOUNT
+    assert server.requests == 2
+    for _ in range(3):  # a forged key id right after: no fetch storm
+        refused(check, "Bearer " + KEYS.token(kid="made-up"))
+    assert server.requests == 2
+
+
+def test_certificates_that_cannot_be_fetched_are_not_a_401() -> None:
+    server = CertServer(KEYS.certs())
+    server.down = True
+    check, _ = verifier(KEYS, server=server)
+    with pytest.raises(CertificatesUnavailable):
+        check.verify("Bearer " + KEYS.token())
+    server.down = False
+    assert check.verify("Bearer " + KEYS.token())["email"] == SERVICE_ACCOUNT
+
+
+def test_verification_off_gives_no_verifier() -> None:
+    settings = Settings(subscription="projects/p/subscriptions/jobs", push_verify_token=False)
+    assert verifier_for(settings) is None
+
+
+def test_verification_on_needs_audience_and_service_account() -> None:
+    settings = Settings(subscription="projects/p/subscriptions/jobs")
+    with pytest.raises(ConfigError) as caught:
+        verifier_for(settings)
+    assert "PUBSUB_WORKER_PUSH_AUDIENCE and PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT" in str(caught.value)
+    made = verifier_for(
+        Settings(
+            subscription="projects/p/subscriptions/jobs",
+            push_audience=AUDIENCE,
+            push_service_account=SERVICE_ACCOUNT,
+        )
+    )
+    assert made is not None
+    assert (made.audience, made.service_account) == (AUDIENCE, SERVICE_ACCOUNT)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "variable"),
+    [
+        ("push_audience", "has a space", "PUBSUB_WORKER_PUSH_AUDIENCE"),
+        ("push_audience", "", "PUBSUB_WORKER_PUSH_AUDIENCE"),
+        ("push_service_account", "not-an-email", "PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT"),
+        ("push_verify_token", "maybe", "PUBSUB_WORKER_PUSH_VERIFY_TOKEN"),
+    ],
+)
+def test_bad_push_settings_name_their_variable(field: str, value: str, variable: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings(subscription="projects/p/subscriptions/jobs", **{field: value})
+    assert variable in str(caught.value)
+    assert "accepted:" in str(caught.value)
