@@ -33,6 +33,10 @@ Stored layout (owned here; field names are the constants below)::
                                           Firestore TTL policy at it
       trace_parent         str            W3C traceparent of the job's first delivery (links spans)
       write_id             str            id of the last write, to settle unknown outcomes
+      shard                int            shard_of(doc_id), 0 to SHARDS - 1, set at creation: the
+                                          listing indexes put it before updated_at, so a
+                                          subscription's writes land at SHARDS index ends
+                                          instead of one (docs/operations.md, "Capacity")
 
 A store offers three primitives and nothing else; every decision (claim,
 commit, complete, fail) is built from them in :mod:`pubsub_worker._job.claim` and
@@ -57,6 +61,7 @@ that has really expired (:func:`pubsub_worker._job.claim.lease_left_s`).
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -85,6 +90,8 @@ __all__ = [
     "PAYLOAD_SHA256",
     "REASON",
     "REPLAYED_AT",
+    "SHARD",
+    "SHARDS",
     "STATUS",
     "STEPS",
     "SUBSCRIPTION",
@@ -102,6 +109,7 @@ __all__ = [
     "TransactionalStore",
     "Version",
     "VersionConflict",
+    "shard_of",
 ]
 
 KEY = "key"
@@ -129,6 +137,17 @@ REPLAYED_AT = "replayed_at"
 EXPIRE_AT = "expire_at"
 TRACE_PARENT = "trace_parent"
 WRITE_ID = "write_id"
+SHARD = "shard"
+
+SHARDS = 16
+"""Values of :data:`SHARD`. ``jobs list`` asks for all of them in one ``in`` filter (Firestore
+takes at most 30 values); only ever raise it: a document keeps the shard it was created with."""
+
+
+def shard_of(doc_id: str) -> int:
+    """The shard of a document: CRC-32 of its id modulo :data:`SHARDS`; stable across processes."""
+    return zlib.crc32(doc_id.encode("utf-8", "surrogatepass")) % SHARDS
+
 
 Version: TypeAlias = object
 """Opaque document version; equal versions mean no write happened in between."""
