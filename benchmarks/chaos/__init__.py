@@ -6,7 +6,10 @@ benchmarks.chaos.handler:handle`` and kills, freezes, cuts and slows them
 from a seeded schedule while work remains. When the fleet is drained it
 counts every job, business write, output and message left on the
 subscription, prints a summary and writes a JSON report; a broken
-invariant exits 1 and names the jobs and the seed. See ``docs/chaos.md``.
+invariant exits 1 and names the jobs and the seed. With ``--baseline`` the
+same seed runs again against the stock client with a create-only Firestore
+marker per message id, and the counts are printed side by side. See
+``docs/chaos.md``.
 
 Modules: :mod:`~benchmarks.chaos.handler` (the workers' handler: the
 jobs, their effects and counters), :mod:`~benchmarks.chaos.options` (command line),
@@ -16,8 +19,13 @@ jobs, their effects and counters), :mod:`~benchmarks.chaos.options` (command lin
 :mod:`~benchmarks.chaos.ledger` (deliveries and acks at the proxy),
 :mod:`~benchmarks.chaos.injector` (carrying the schedule out),
 :mod:`~benchmarks.chaos.downstream` (the keyed consumer),
-:mod:`~benchmarks.chaos.run` (one run), :mod:`~benchmarks.chaos.verify`
-(the invariants), :mod:`~benchmarks.chaos.report` (the summary).
+:mod:`~benchmarks.chaos.run` (one run), :mod:`~benchmarks.chaos.parallel`
+(runs at the same time), :mod:`~benchmarks.chaos.collect` (reading back),
+:mod:`~benchmarks.chaos.verify` (the invariants),
+:mod:`~benchmarks.chaos.baseline` (the stock client with a marker per
+message id, run instead of the handler), :mod:`~benchmarks.chaos.compare`
+(the library and the baseline counted alike), :mod:`~benchmarks.chaos.report`
+(the summary).
 """
 
 from __future__ import annotations

@@ -3,43 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 from benchmarks.chaos.options import Options, parse_args
+from benchmarks.chaos.parallel import Prefixed, run_threads
 from benchmarks.chaos.report import render, write_json
 from benchmarks.chaos.run import PROJECT, STOP, run_chaos
 
 __all__ = ["main"]
-
-
-class _Prefixed:
-    """A text stream that writes whole lines to ``target``, each after ``prefix``."""
-
-    _lock = threading.Lock()  # one line at a time on the shared target
-
-    def __init__(self, target: TextIO, prefix: str) -> None:
-        self._target = target
-        self._prefix = prefix
-        self._partial = ""
-
-    def write(self, text: str) -> int:
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        with self._lock:
-            for line in lines:
-                if line.strip():
-                    self._target.write(f"{self._prefix}{line}\n")
-            self._target.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        self._target.flush()
 
 
 def _run_all(runs: list[Options], emulators: Any, parallel: bool) -> list[dict[str, Any]]:
@@ -51,40 +28,16 @@ def _run_all(runs: list[Options], emulators: Any, parallel: bool) -> list[dict[s
             sys.stdout.write(render(reports[-1]) + "\n")
             sys.stdout.flush()
         return reports
-    results: dict[int, dict[str, Any]] = {}
-    failures: list[BaseException] = []
-
-    def one(options: Options) -> None:
-        out = _Prefixed(sys.stderr, f"[seed {options.seed}] ")
-        try:
-            results[options.seed] = run_chaos(options, emulators=emulators, out=out)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            failures.append(exc)
-            STOP.set()
-
-    # Each run spawns its workers from its own thread, which outlives them (the
-    # parent-death signal of a worker follows the thread that started it).
-    threads = [
-        threading.Thread(
-            target=one, args=(dataclasses.replace(o, live=False),), name=f"chaos-{o.seed}"
+    runs = [dataclasses.replace(o, live=False) for o in runs]
+    for options in runs:
+        print(f"chaos: seed {options.seed} ({options.command})", file=sys.stderr, flush=True)
+    calls = [
+        functools.partial(
+            run_chaos, o, emulators=emulators, out=Prefixed(sys.stderr, f"[seed {o.seed}] ")
         )
         for o in runs
     ]
-    for options, thread in zip(runs, threads, strict=True):
-        print(f"chaos: seed {options.seed} ({options.command})", file=sys.stderr, flush=True)
-        thread.start()
-    try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.5)
-    except KeyboardInterrupt:
-        STOP.set()
-        for thread in threads:
-            thread.join(60)
-        raise
-    if failures:
-        raise failures[0]
-    reports = [results[o.seed] for o in runs]
+    reports = run_threads(calls, [f"chaos-{o.seed}" for o in runs], STOP)
     for report in reports:
         sys.stdout.write(render(report) + "\n")
     sys.stdout.flush()

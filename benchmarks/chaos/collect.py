@@ -1,4 +1,5 @@
-"""Reading back what a run left behind: documents, messages, effect lines, counters, logs.
+"""Reading back what a run left behind: documents, messages, effect lines, counters, logs;
+and :func:`account`, which reads it all and returns the run's report.
 
 Everything here reads state the workers wrote or could not help leaving
 (Firestore documents, a subscription, files); nothing here trusts what a
@@ -12,22 +13,34 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from google.api_core import exceptions as gexc
 
+from benchmarks.chaos.compare import baseline_checks, tally
+from benchmarks.chaos.downstream import KeyedConsumer
 from benchmarks.chaos.feeder import KEY_ATTRIBUTE
 from benchmarks.chaos.fleet import Fleet
+from benchmarks.chaos.injector import Injector
 from benchmarks.chaos.ledger import Ledger
+from benchmarks.chaos.options import Options
+from benchmarks.chaos.schedule import Fault
+from benchmarks.chaos.verify import Evidence, verify
 
 __all__ = [
+    "account",
     "business_writes",
     "effect_lines",
     "handovers",
     "job_documents",
     "left_unacked",
     "log_levels",
+    "markers",
+    "note_redeliveries",
+    "run_events",
     "terminal_counts",
     "worker_counters",
 ]
@@ -107,6 +120,14 @@ def business_writes(client: Any, sink: str) -> Counter[str]:
     )
 
 
+def markers(client: Any, collection: str) -> dict[str, str]:
+    """The baseline's markers: message id to the job each names."""
+    return {
+        snap.id: str((snap.to_dict() or {}).get("job"))
+        for snap in client.collection(collection).stream()
+    }
+
+
 def effect_lines(path: Path) -> list[dict[str, Any]]:
     """The workers' effect lines (a line cut by a SIGKILL mid-write is skipped)."""
     if not path.exists():
@@ -155,6 +176,74 @@ def log_levels(fleet: Fleet) -> dict[str, int]:
     return dict(levels)
 
 
+def run_events(
+    injector: Injector,
+    ledger: Ledger,
+    workers: Mapping[str, Mapping[str, float]],
+    *,
+    jobs: int,
+    fleet: Fleet,
+    unkeyed: int,
+) -> dict[str, Any]:
+    """The events of the summary: faults applied, errors injected, Pub/Sub's deliveries and
+    acks (from the ledger), the workers' counters (``worker_counters``), processes started."""
+    deliveries = ledger.deliveries()
+    metrics, store = workers["metrics"], workers["store"]
+    return {
+        **{fault.value: injector.counts.get(fault.value, 0) for fault in Fault},
+        "skipped": dict(injector.skipped),
+        "errors_injected": {
+            method.rsplit("/", 1)[-1]: count for method, count in injector.pubsub_injected().items()
+        },
+        "deliveries": sum(deliveries.values()),
+        "redeliveries": sum(n - 1 for n in deliveries.values() if n > 1),
+        "redelivered_messages": sum(1 for n in deliveries.values() if n > 1),
+        "pubsub": ledger.counts(),
+        # Deliveries the handler was handed, beyond one per job. Most redeliveries by
+        # Pub/Sub never get this far: the emulator hands a stream more than its flow
+        # control asks for, and what waits there too long is given to another.
+        "wrapper_redeliveries": max(int(metrics.get("received", 0)) - jobs, 0),
+        "lost_ownership": int(metrics.get("lost_ownership", 0)),
+        "stale_commits_rejected": int(store.get("commits_rejected", 0)),
+        "claims_raced": int(store.get("claims_raced", 0)),
+        "acks_lost": int(metrics.get("acks_lost", 0)),
+        "worker_incarnations": sum(w.incarnation for w in fleet.workers),
+        "unkeyed_outputs": unkeyed,
+        "log_levels": log_levels(fleet),
+    }
+
+
+def _finished(effects: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For the baseline, which keeps no job document: what its ``done`` and ``failed``
+    effect lines say, shaped as job documents (status and time; the earliest line wins)."""
+    docs: dict[str, dict[str, Any]] = {}
+    for line in sorted(effects, key=lambda e: float(e["t"])):
+        kind = line["effect"]
+        if kind in ("done", "failed") and line["job"] not in docs:
+            at = datetime.fromtimestamp(float(line["t"]), timezone.utc)
+            status = "completed" if kind == "done" else "failed"
+            docs[str(line["job"])] = {"status": status, f"{status}_at": at}
+            if kind == "failed":
+                docs[str(line["job"])]["reason"] = "permanent"
+    return docs
+
+
+def note_redeliveries(
+    recoveries: Sequence[dict[str, Any]], message_of: Mapping[str, str], ledger: Ledger
+) -> None:
+    """Add to each kill's recovery when Pub/Sub handed each held job out again (the first
+    step of a recovery): ``redelivered_after_s``, seconds after the kill and the worker."""
+    for recovery in recoveries:
+        recovery["redelivered_after_s"] = {
+            job: [
+                f"{t - recovery['at_wall']:.1f} {worker}"
+                for t, worker in ledger.delivered_at(message_of.get(job, ""))
+                if t > recovery["at_wall"]
+            ]
+            for job in recovery["jobs"]
+        }
+
+
 def handovers(
     begins: Sequence[tuple[str, int, float]],
     message_of: Mapping[str, str],
@@ -183,3 +272,95 @@ def handovers(
             "begun": [f"{t - since:.1f} {names.get(pid, pid)}" for j, pid, t in begins if j == job],
         }
     return out
+
+
+def account(
+    options: Options,
+    client: Any,
+    *,
+    specs: Mapping[str, Mapping[str, Any]],
+    published: Mapping[str, str],
+    started_wall: float,
+    names: Mapping[str, str],
+    phases: dict[str, Any],
+    ledger: Ledger,
+    injector: Injector,
+    fleet: Fleet,
+    outputs: KeyedConsumer,
+    failures: KeyedConsumer,
+    left: list[str],
+    logs: Path,
+    subscription_note: str,
+) -> dict[str, Any]:
+    """Read back what one run left behind, check it, and return the run's report.
+
+    ``published``: message id to job key. The library's run is held to every
+    invariant (:func:`~benchmarks.chaos.verify.verify`); a baseline run, which
+    keeps no job document, to those its effects show
+    (:func:`~benchmarks.chaos.compare.baseline_checks`). Both are counted by
+    :func:`~benchmarks.chaos.compare.tally` for the side-by-side table.
+    """
+    library = options.handler == "library"
+    docs = job_documents(client, names["collection"], names["subscription"])
+    writes = business_writes(client, names["sink"])
+    marked = {} if library else markers(client, names["markers"])
+    effects = effect_lines(logs / "effects.jsonl")
+    begins = [
+        (str(e["job"]), int(e["pid"]), float(e["t"])) for e in effects if e["effect"] == "begin"
+    ]
+    plain = Counter(str(e["job"]) for e in effects if e["effect"] == "prepare")
+    copies, output_jobs, unkeyed = outputs.snapshot()
+    failure_copies, _, _ = failures.snapshot()
+    poison = {key: bool(spec["poison"]) for key, spec in specs.items()}
+    counted = tally(
+        poison=poison,
+        business_writes=writes,
+        output_jobs=output_jobs,
+        failure_messages=failure_copies,
+        records=set(docs) if library else set(marked.values()),
+    )
+    evidence = Evidence(
+        poison=poison,
+        docs=docs if library else _finished(effects),
+        business_writes=writes,
+        outputs=copies,
+        output_jobs=output_jobs,
+        failure_messages=failure_copies,
+        plain_effects=plain,
+        begins=begins,
+        left_unacked=left,
+        timed_out=phases["drained_s"] is None,
+        kills=injector.kills,
+    )
+    checks, figures = verify(evidence)
+    if not library:
+        checks = baseline_checks(counted, left)
+    message_of = {key: message_id for message_id, key in published.items()}
+    note_redeliveries(figures["recoveries"], message_of, ledger)
+    workers = worker_counters(fleet)
+    return {
+        "seed": options.seed,
+        "command": options.command,
+        "handler": options.handler,
+        "ok": all(check.ok for check in checks),
+        "options": options.as_json(),
+        "subscription": {
+            "path": names["subscription"],
+            "exactly_once": True,
+            "ack_deadline_s": options.lease_s,
+            "retry_policy": None,
+            "why": subscription_note,
+        },
+        "phases": phases,
+        "checks": [asdict(check) for check in checks],
+        "figures": figures,
+        "tally": counted.as_json(),
+        "markers": len(marked),
+        "events": run_events(
+            injector, ledger, workers, jobs=len(specs), fleet=fleet, unkeyed=unkeyed
+        ),
+        "worker_metrics": workers,
+        "timeline": injector.timeline,
+        "handovers": handovers(begins, message_of, ledger, fleet.names(), since=started_wall),
+        "logs": str(logs) if options.log_dir else None,
+    }

@@ -29,13 +29,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.chaos.baseline import MARKER_COLLECTION
+from benchmarks.chaos.feeder import KEY_ATTRIBUTE
 from benchmarks.chaos.grpc_proxy import FIRESTORE_SHAPES, PUBSUB_SHAPES, GrpcFaultProxy, Observer
+from benchmarks.chaos.options import Options
 from emulator import TcpProxy
 
-__all__ = ["HANDLER", "ROOT", "Fleet", "Worker", "worker_command"]
+__all__ = ["BASELINE", "HANDLER", "ROOT", "Fleet", "Worker", "worker_command", "worker_env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = "benchmarks.chaos.handler:handle"
+BASELINE = "benchmarks.chaos.baseline"
 
 # Runs in the child before the worker: sets the parent-death signal, checks the
 # orchestrator did not die before that, then becomes the worker. (A preexec_fn
@@ -49,12 +53,62 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
-def worker_command() -> list[str]:
-    """``pubsub-worker run benchmarks.chaos.handler:handle``, from this interpreter's tools."""
-    beside = Path(sys.executable).with_name("pubsub-worker")
-    script = str(beside) if beside.exists() else shutil.which("pubsub-worker")
-    base = [script] if script else [sys.executable, "-m", "pubsub_worker.cli"]
-    command = [*base, "run", HANDLER]
+def worker_env(
+    options: Options, project: str, names: Mapping[str, str], logs: Path
+) -> dict[str, str]:
+    """The environment of the run's workers (the emulator hosts are added per worker).
+
+    ``names``: ``subscription``, ``collection``, ``sink``, ``markers``,
+    ``output_topic``, ``failure_topic``. The library reads the
+    ``PUBSUB_WORKER_*`` variables; the baseline reads the few it needs of them
+    (see :mod:`benchmarks.chaos.baseline`).
+    """
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PUBSUB_WORKER_", "CHAOS_"))
+        and key not in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST")
+    }
+    env = {
+        **inherited,
+        "GOOGLE_CLOUD_PROJECT": project,
+        "PUBSUB_WORKER_SUBSCRIPTION": names["subscription"],
+        "PUBSUB_WORKER_COLLECTION": names["collection"],
+        "PUBSUB_WORKER_KEY_ATTRIBUTE": KEY_ATTRIBUTE,
+        "PUBSUB_WORKER_LEASE_SECONDS": str(options.lease_s),
+        "PUBSUB_WORKER_MAX_PROCESSING_SECONDS": str(max(120, options.lease_s)),
+        "PUBSUB_WORKER_MAX_MESSAGES": str(options.max_messages),
+        "PUBSUB_WORKER_FAILURE_TOPIC": names["failure_topic"],
+        "PUBSUB_WORKER_ACK_TIMEOUT_SECONDS": "20",
+        "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "2",
+        "PUBSUB_WORKER_LOG_FORMAT": "json",
+        "CHAOS_EFFECTS": str(logs / "effects.jsonl"),
+        "CHAOS_SINK_COLLECTION": names["sink"],
+        "CHAOS_OUTPUT_TOPIC": names["output_topic"],
+        "CHAOS_STORE": options.store,
+    }
+    if options.unfenced:
+        env["CHAOS_UNFENCED"] = "1"
+    if options.handler != "library":
+        env["CHAOS_BASELINE"] = options.handler
+        env[MARKER_COLLECTION] = names["markers"]
+    return env
+
+
+def worker_command(handler: str = "library") -> list[str]:
+    """The command of a worker process, from this interpreter's tools.
+
+    ``library``: ``pubsub-worker run benchmarks.chaos.handler:handle``; any
+    other value: the baseline, ``python -m benchmarks.chaos.baseline`` (its
+    variant is in the environment).
+    """
+    if handler == "library":
+        beside = Path(sys.executable).with_name("pubsub-worker")
+        script = str(beside) if beside.exists() else shutil.which("pubsub-worker")
+        base = [script] if script else [sys.executable, "-m", "pubsub_worker.cli"]
+        command = [*base, "run", HANDLER]
+    else:
+        command = [sys.executable, "-m", BASELINE]
     if sys.platform.startswith("linux"):
         return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *command]
     return command
@@ -71,6 +125,7 @@ class Worker:
     firestore_link: TcpProxy
     log_dir: Path
     env: Mapping[str, str]
+    command: list[str] = field(default_factory=worker_command)
     process: subprocess.Popen[bytes] | None = None
     incarnation: int = 0
     paused: bool = False
@@ -113,7 +168,7 @@ class Worker:
         }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                worker_command(),
+                self.command,
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -189,6 +244,9 @@ class Worker:
 class Fleet:
     """``size`` worker slots, each with its own gRPC proxies and links to the emulators.
 
+    ``handler`` is what the workers run: ``library`` or a baseline variant
+    (see :func:`worker_command`).
+
     A slot's chain: worker -> :class:`~emulator.TcpProxy` (cuts, partitions) ->
     :class:`~benchmarks.chaos.grpc_proxy.GrpcFaultProxy` (RPC errors, latency;
     what it sees goes to ``observer(worker name)``) -> emulator.
@@ -204,6 +262,7 @@ class Fleet:
         log_dir: Path,
         seed: int,
         observer: Callable[[str], Observer] | None = None,
+        handler: str = "library",
     ) -> None:
         self.log_dir = log_dir
         self.workers: list[Worker] = []
@@ -232,6 +291,7 @@ class Fleet:
                         firestore_link=TcpProxy(firestore.address),
                         log_dir=log_dir,
                         env=env,
+                        command=worker_command(handler),
                     )
                 )
         except BaseException:

@@ -53,6 +53,10 @@ class Options:
     store: str = "batching"
     unfenced: bool = False
     """Switch the version precondition of step commits off: the run must then fail."""
+    baseline: tuple[str, ...] = ()
+    """Baseline variants (``before``, ``after``) run after the library on the same seed."""
+    handler: str = "library"
+    """What the fleet runs: ``library``, or the baseline variant ``before`` or ``after``."""
     json_path: Path | None = None
     log_dir: Path | None = None
     command: str = ""
@@ -188,6 +192,15 @@ def parse_args(argv: Sequence[str] | None = None) -> list[Options]:
         "store): the run must then report doubled effects",
     )
     parser.add_argument(
+        "--baseline",
+        nargs="?",
+        const="both",
+        choices=("before", "after", "both"),
+        help="after the library, run the same seed and faults against the stock client with "
+        "a create-only Firestore marker per message id, written before the work, after it, "
+        "or both (the default), and print the counts side by side",
+    )
+    parser.add_argument(
         "--json",
         default=str(_ROOT / ".nox" / "chaos.json"),
         help="JSON report (default .nox/chaos.json); '-' for none",
@@ -209,6 +222,9 @@ def parse_args(argv: Sequence[str] | None = None) -> list[Options]:
         parser.error("--workers and --jobs must be at least 1")
     if not 0 <= args.error_ratio <= 1 or not 0 <= args.poison < 1:
         parser.error("--error-ratio is 0..1 and --poison 0..<1")
+    if args.baseline and args.unfenced:
+        parser.error("--baseline compares with the library as it is: not with --unfenced")
+    baseline = {None: (), "both": ("before", "after")}.get(args.baseline, (args.baseline,))
     given = list(sys.argv[1:] if argv is None else argv)
     return [
         Options(
@@ -228,6 +244,7 @@ def parse_args(argv: Sequence[str] | None = None) -> list[Options]:
             fault_time_s=args.fault_time or (30.0 if args.short else None),
             store=args.store,
             unfenced=args.unfenced,
+            baseline=baseline,
             json_path=None if args.json == "-" else Path(args.json),
             log_dir=Path(args.log_dir) if args.log_dir else None,
             command=_command(given, seed),

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chaos.compare import LABELS, render_comparison
 from benchmarks.chaos.verify import SHOWN_JOBS
 
 __all__ = ["progress_line", "render", "write_json"]
@@ -51,7 +52,42 @@ def _describe(check: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """The summary of one run, in Markdown."""
+    """The summary of one run, in Markdown; with its baseline runs and the table comparing them."""
+    text = _render_run(report)
+    baseline = report.get("baseline") or []
+    for run in baseline:
+        text += "\n" + _render_baseline(run)
+    if baseline:
+        text += "\n" + render_comparison([report, *baseline])
+    return text
+
+
+def _render_baseline(report: dict[str, Any]) -> str:
+    """A baseline run: what it ran, and the invariants it was held to (a measurement)."""
+    options, phases = report["options"], report["phases"]
+    label = LABELS.get(report["handler"], report["handler"])
+    kills = report["figures"]["recoveries"]
+    unfinished = sum(len(kill["unfinished"]) for kill in kills)
+    lines = [
+        f"#### Baseline, {label}, seed {report['seed']}",
+        "",
+        f"The stock client on the same subscription settings, {options['workers']} workers x "
+        f"{options['jobs']} jobs, the same jobs and fault schedule; a create-only Firestore "
+        f"document per message id, {label}. {report['markers']} markers. Faults from "
+        f"{_seconds(phases['faults_from_s'])} to {_seconds(phases['faults_over_s'])}, drained "
+        f"at {_seconds(phases['drained_s'])}. {len(kills)} kills; {unfinished} jobs a killed "
+        "worker had begun were never finished.",
+        "",
+        "| invariant | result | counted |",
+        "| --- | --- | --- |",
+    ]
+    for check in report["checks"]:
+        result = "ok" if check["ok"] else "**broken**"
+        lines.append(f"| {check['name']} | {result} | {_describe(check)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _render_run(report: dict[str, Any]) -> str:
     options, figures, events = report["options"], report["figures"], report["events"]
     phases = report["phases"]
     verdict = "PASS" if report["ok"] else "FAIL"

@@ -28,27 +28,28 @@ Phases, each bounded in time (``Options.time_limit_s`` in all):
 from __future__ import annotations
 
 import contextlib
-import os
+import dataclasses
+import functools
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import asdict
+from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
 from benchmarks.chaos import collect
+from benchmarks.chaos.compare import LABELS
 from benchmarks.chaos.downstream import KeyedConsumer
 from benchmarks.chaos.feeder import KEY_ATTRIBUTE, Feeder, job_specs
-from benchmarks.chaos.fleet import Fleet
+from benchmarks.chaos.fleet import Fleet, worker_env
 from benchmarks.chaos.injector import Injector
 from benchmarks.chaos.ledger import Ledger
 from benchmarks.chaos.options import Options
+from benchmarks.chaos.parallel import Prefixed, run_threads
 from benchmarks.chaos.report import progress_line
-from benchmarks.chaos.schedule import Fault, build_schedule
-from benchmarks.chaos.verify import Evidence, verify
+from benchmarks.chaos.schedule import build_schedule
 
 __all__ = ["DRAIN_RESERVE_S", "PROJECT", "STOP", "SUBSCRIPTION_NOTE", "run_chaos"]
 
@@ -84,38 +85,6 @@ class RunAborted(RuntimeError):
     """The fleet cannot run (a worker keeps dying at start-up, an emulator died)."""
 
 
-def _worker_env(
-    options: Options, emulators: Any, names: dict[str, str], logs: Path
-) -> dict[str, str]:
-    inherited = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PUBSUB_WORKER_", "CHAOS_"))
-        and key not in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST")
-    }
-    env = {
-        **inherited,
-        "GOOGLE_CLOUD_PROJECT": emulators.project,
-        "PUBSUB_WORKER_SUBSCRIPTION": names["subscription"],
-        "PUBSUB_WORKER_COLLECTION": names["collection"],
-        "PUBSUB_WORKER_KEY_ATTRIBUTE": KEY_ATTRIBUTE,
-        "PUBSUB_WORKER_LEASE_SECONDS": str(options.lease_s),
-        "PUBSUB_WORKER_MAX_PROCESSING_SECONDS": str(max(120, options.lease_s)),
-        "PUBSUB_WORKER_MAX_MESSAGES": str(options.max_messages),
-        "PUBSUB_WORKER_FAILURE_TOPIC": names["failure_topic"],
-        "PUBSUB_WORKER_ACK_TIMEOUT_SECONDS": "20",
-        "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "2",
-        "PUBSUB_WORKER_LOG_FORMAT": "json",
-        "CHAOS_EFFECTS": str(logs / "effects.jsonl"),
-        "CHAOS_SINK_COLLECTION": names["sink"],
-        "CHAOS_OUTPUT_TOPIC": names["output_topic"],
-        "CHAOS_STORE": options.store,
-    }
-    if options.unfenced:
-        env["CHAOS_UNFENCED"] = "1"
-    return env
-
-
 class _Run:
     """The state of one run; :meth:`execute` does it all and always cleans up."""
 
@@ -145,9 +114,11 @@ class _Run:
         from emulator.names import unique_id  # noqa: PLC0415
 
         options = self.options
+        library = options.handler == "library"
         keep = options.log_dir is not None
         logs = options.log_dir or Path(tempfile.mkdtemp(prefix="chaos-"))
-        logs = logs / f"seed-{options.seed}" if keep else logs
+        run_name = f"seed-{options.seed}" + ("" if library else f"-baseline-{options.handler}")
+        logs = logs / run_name if keep else logs
         logs.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
             if not keep:
@@ -163,6 +134,7 @@ class _Run:
                 "subscription": jobs.subscription_path,
                 "collection": unique_id("chaos-jobs"),
                 "sink": unique_id("chaos-sink"),
+                "markers": unique_id("chaos-markers"),
                 "output_topic": outputs.topic_path,
                 "failure_topic": failures.topic_path,
             }
@@ -171,10 +143,11 @@ class _Run:
                 options.workers,
                 pubsub_host=self.emulators.pubsub_host,
                 firestore_host=self.emulators.firestore_host,
-                env=_worker_env(options, self.emulators, names, logs),
+                env=worker_env(options, self.emulators.project, names, logs),
                 log_dir=logs,
                 seed=options.seed,
                 observer=ledger.for_worker,
+                handler=options.handler,
             )
             stack.callback(fleet.close)
             out_consumer = KeyedConsumer(
@@ -192,9 +165,10 @@ class _Run:
                 max_impaired=options.max_impaired,
                 ready=lambda worker: ledger.pulling_since(worker.name, worker.started_wall),
             )
+            store = f"store {options.store}" if library else "the stock client"
             self._say(
-                f"chaos seed {options.seed}: {options.label}, lease {options.lease_s} s, "
-                f"{options.max_messages} in flight per worker, store {options.store}"
+                f"chaos seed {options.seed}: {LABELS[options.handler]}, {options.label}, "
+                f"lease {options.lease_s} s, {options.max_messages} in flight per worker, {store}"
                 f"{', UNFENCED (must fail)' if options.unfenced else ''}; subscription "
                 f"{jobs.subscription_path} (exactly-once, {SUBSCRIPTION_NOTE})"
             )
@@ -210,8 +184,22 @@ class _Run:
             )
             out_consumer.drain()
             fail_consumer.drain()
-            return self._report(
-                names, phases, ledger, injector, fleet, out_consumer, fail_consumer, left, logs
+            return collect.account(
+                options,
+                self.firestore,
+                specs=self.specs,
+                published=self.published,
+                started_wall=self.started_wall,
+                names=names,
+                phases=phases,
+                ledger=ledger,
+                injector=injector,
+                fleet=fleet,
+                outputs=out_consumer,
+                failures=fail_consumer,
+                left=left,
+                logs=logs,
+                subscription_note=SUBSCRIPTION_NOTE,
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -248,8 +236,8 @@ class _Run:
                 while events and events[0].at_s <= now - faults_from:
                     injector.apply(events.popleft(), now)
             if now >= self.progress_at:
-                self.terminal = collect.terminal_counts(self.firestore, collection) or self.terminal
                 self.published = feeder.published()
+                self.terminal = self._terminal(collection, ledger)
                 self._progress(now, ledger, injector, fleet)
                 self.progress_at = now + PROGRESS_EVERY_S
             done = sum(self.terminal) >= options.jobs
@@ -289,6 +277,13 @@ class _Run:
             "unexpected_exits": self.unexpected_exits,
         }
 
+    def _terminal(self, collection: str, ledger: Ledger) -> tuple[int, int]:
+        """``(done, failed)`` so far. The library's job documents say; the baseline keeps
+        none, so its jobs count as done once acked (a skipped redelivery is acked too)."""
+        if self.options.handler == "library":
+            return collect.terminal_counts(self.firestore, collection) or self.terminal
+        return len(ledger.acked() & set(self.published)), 0
+
     def _restart_exited(self, fleet: Fleet) -> None:
         """Start again a worker that exited by itself (not killed by the run); say so."""
         for worker in fleet.workers:
@@ -300,106 +295,6 @@ class _Run:
             if self.unexpected_exits > MAX_UNEXPECTED_EXITS:
                 raise RunAborted(f"workers exited by themselves {self.unexpected_exits} times")
             worker.start()
-
-    # -- reading back -----------------------------------------------------------------
-
-    def _report(
-        self,
-        names: dict[str, str],
-        phases: dict[str, Any],
-        ledger: Ledger,
-        injector: Injector,
-        fleet: Fleet,
-        outputs: KeyedConsumer,
-        failures: KeyedConsumer,
-        left: list[str],
-        logs: Path,
-    ) -> dict[str, Any]:
-        docs = collect.job_documents(self.firestore, names["collection"], names["subscription"])
-        writes = collect.business_writes(self.firestore, names["sink"])
-        effects = collect.effect_lines(logs / "effects.jsonl")
-        begins = [
-            (str(e["job"]), int(e["pid"]), float(e["t"])) for e in effects if e["effect"] == "begin"
-        ]
-        plain = Counter(str(e["job"]) for e in effects if e["effect"] == "prepare")
-        copies, output_jobs, unkeyed = outputs.snapshot()
-        failure_copies, _, _ = failures.snapshot()
-        evidence = Evidence(
-            poison={key: bool(spec["poison"]) for key, spec in self.specs.items()},
-            docs=docs,
-            business_writes=writes,
-            outputs=copies,
-            output_jobs=output_jobs,
-            failure_messages=failure_copies,
-            plain_effects=plain,
-            begins=begins,
-            left_unacked=left,
-            timed_out=phases["drained_s"] is None,
-            kills=injector.kills,
-        )
-        checks, figures = verify(evidence)
-        message_of = {key: message_id for message_id, key in self.published.items()}
-        for recovery in figures["recoveries"]:
-            # When Pub/Sub handed each held job out again: the first step of a recovery.
-            recovery["redelivered_after_s"] = {
-                job: [
-                    f"{t - recovery['at_wall']:.1f} {worker}"
-                    for t, worker in ledger.delivered_at(message_of.get(job, ""))
-                    if t > recovery["at_wall"]
-                ]
-                for job in recovery["jobs"]
-            }
-        deliveries = ledger.deliveries()
-        workers = collect.worker_counters(fleet)
-        handovers = collect.handovers(
-            begins, message_of, ledger, fleet.names(), since=self.started_wall
-        )
-        events = {
-            **{fault.value: injector.counts.get(fault.value, 0) for fault in Fault},
-            "skipped": dict(injector.skipped),
-            "errors_injected": {
-                method.rsplit("/", 1)[-1]: count
-                for method, count in injector.pubsub_injected().items()
-            },
-            "deliveries": sum(deliveries.values()),
-            "redeliveries": sum(n - 1 for n in deliveries.values() if n > 1),
-            "redelivered_messages": sum(1 for n in deliveries.values() if n > 1),
-            "pubsub": ledger.counts(),
-            # Deliveries the wrapper was handed, beyond one per job. Most redeliveries by
-            # Pub/Sub never get this far: the emulator hands a stream more than its flow
-            # control asks for, and what waits there too long is given to another.
-            "wrapper_redeliveries": max(
-                int(workers["metrics"].get("received", 0)) - len(self.specs), 0
-            ),
-            "lost_ownership": int(workers["metrics"].get("lost_ownership", 0)),
-            "stale_commits_rejected": int(workers["store"].get("commits_rejected", 0)),
-            "claims_raced": int(workers["store"].get("claims_raced", 0)),
-            "acks_lost": int(workers["metrics"].get("acks_lost", 0)),
-            "worker_incarnations": sum(w.incarnation for w in fleet.workers),
-            "unkeyed_outputs": unkeyed,
-            "log_levels": collect.log_levels(fleet),
-        }
-        return {
-            "seed": self.options.seed,
-            "command": self.options.command,
-            "ok": all(check.ok for check in checks),
-            "options": self.options.as_json(),
-            "subscription": {
-                "path": names["subscription"],
-                "exactly_once": True,
-                "ack_deadline_s": self.options.lease_s,
-                "retry_policy": None,
-                "why": SUBSCRIPTION_NOTE,
-            },
-            "phases": phases,
-            "checks": [asdict(check) for check in checks],
-            "figures": figures,
-            "events": events,
-            "worker_metrics": workers,
-            "timeline": injector.timeline,
-            "handovers": handovers,
-            "logs": str(logs) if self.options.log_dir else None,
-        }
 
     # -- output -----------------------------------------------------------------------
 
@@ -437,7 +332,10 @@ def run_chaos(
     the orchestrator's own clients read them.
 
     Returns the report (see :mod:`benchmarks.chaos.report`); ``report["ok"]``
-    says whether every invariant held.
+    says whether every invariant held. With ``options.baseline``, each
+    baseline variant runs on the same seed, after the library (at the same
+    time with ``options.parallel``), and ``report["baseline"]`` holds their
+    reports (their ``ok`` is a measurement, not part of this one's).
     """
     with contextlib.ExitStack() as stack:
         if emulators is None:
@@ -445,5 +343,24 @@ def run_chaos(
 
             emulators = stack.enter_context(start_emulators(project=PROJECT))
             emulators.export_env()
-        return _Run(options, emulators, out).execute()
+        if options.handler != "library" or not options.baseline:
+            return _Run(options, emulators, out).execute()
+        # The same seed: the same jobs and the same fault schedule.
+        runs = [options, *(dataclasses.replace(options, handler=v) for v in options.baseline)]
+        if options.parallel:
+            runs = [dataclasses.replace(o, live=False) for o in runs]
+            calls = [
+                functools.partial(_execute, o, emulators, Prefixed(out, f"[{LABELS[o.handler]}] "))
+                for o in runs
+            ]
+            names = [f"chaos-{o.seed}-{o.handler}" for o in runs]
+            report, *baseline = run_threads(calls, names, STOP)
+        else:
+            report, *baseline = [_execute(o, emulators, out) for o in runs]
+        report["baseline"] = baseline
+        return report
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _execute(options: Options, emulators: Any, out: Output) -> dict[str, Any]:
+    return _Run(options, emulators, out).execute()

@@ -76,8 +76,9 @@ def recoveries(
     begins: Sequence[tuple[str, int, float]],
     docs: Mapping[str, Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Per kill: the jobs the killed process had started and not finished, and how long
-    until the last of them was finished by another process (None: never)."""
+    """Per kill: the jobs the killed process had started and not finished, how long until
+    the last of them was finished by another process (None: never), and those never
+    finished (``unfinished``)."""
     done = {key: _finished_at(doc) for key, doc in docs.items()}
     out: list[dict[str, Any]] = []
     for kill in kills:
@@ -96,6 +97,7 @@ def recoveries(
                 "at_wall": kill.at_wall,
                 "jobs_held": len(held),
                 "jobs": sorted(held),
+                "unfinished": sorted(job for job in held if done.get(job) is None),
                 "recovered_in_s": None if math.isinf(last) else round(last - kill.at_wall, 1),
             }
         )

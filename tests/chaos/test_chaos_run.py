@@ -10,6 +10,10 @@ Two real runs on the session's emulators, each a fleet of four
   reports the business writes it doubled, names the jobs and the seed, and
   fails. A check that cannot fail proves nothing.
 
+And one run of the library beside the baseline users would write instead
+(``--baseline``): the same kills leave the baseline's jobs stuck, not the
+library's.
+
 And, without emulators, the pieces a run is built from: the schedule is a
 function of the seed, rates parse strictly, the checker flags what it must.
 """
@@ -37,6 +41,8 @@ from emulator import Emulators
 
 RUN_TIMEOUT_S = 240
 """Each run is bounded by its own time limit; this only catches a hang of the harness."""
+KILLS_BOTH_SEED = 2
+"""A seed whose kills (6 a minute, two workers) strike w0 at 7.2 s and w1 at 12.8 s."""
 
 
 def short_run(*extra: str) -> list[str]:
@@ -119,6 +125,52 @@ def test_the_same_run_without_the_fence_reports_doubled_writes_and_the_seed(
     assert f"--seed {CI_SEED}" in report["command"]
     assert "--unfenced" in report["command"]
     assert "Reproduce with the same seed" in summary
+
+
+@pytest.mark.emulator
+@pytest.mark.chaos
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_kills_leave_the_marker_baselines_jobs_stuck_and_the_librarys_finished(
+    emulators: Emulators, progress: io.StringIO, tmp_path: Any
+) -> None:
+    """The same seed and kills against the library and the stock client with a create-only
+    marker per message id written before the work (``--baseline before``).
+
+    A worker killed mid-job leaves the job's marker behind: every redelivery
+    finds it, acks and skips, so each job a killed baseline worker had begun
+    and not finished is stuck for good, and the run counts exactly those.
+    The library's fleet, killed on the same schedule while it held jobs too,
+    finishes every one of them. Kills only, two small fleets at the same
+    time (``--parallel``), so that it stays short; jobs of 2-3 s, so that
+    each worker holds several when it is killed.
+    """
+    (options,) = parse_args(
+        [
+            *("--short", "--seed", str(KILLS_BOTH_SEED), "--json", "-"),
+            *("--baseline", "before", "--parallel", "--log-dir", str(tmp_path)),
+            *("--workers", "2", "--jobs", "60", "--publish-rate", "4", "--prepare-ms", "2000-3000"),
+            *("--off", "all", "--rate", "kill=6", "--fault-time", "15", "--time-limit", "90"),
+        ]
+    )
+    report = run_chaos(options, emulators=emulators, out=progress)
+
+    summary = render(report)
+    assert report["ok"], summary
+    (before,) = report["baseline"]
+    assert before["handler"] == "before"
+    library, baseline = report["tally"], before["tally"]
+    counts = ("lost", "doubled_writes", "doubled_outputs", "stuck")
+    assert [library[name] for name in counts] == [0, 0, 0, 0], summary
+    # The schedule's kills caught jobs in both fleets' hands.
+    library_kills = report["figures"]["recoveries"]
+    assert any(kill["jobs_held"] for kill in library_kills), summary
+    assert not [kill["unfinished"] for kill in library_kills if kill["unfinished"]], summary
+    held = {job for kill in before["figures"]["recoveries"] for job in kill["unfinished"]}
+    assert held, f"no kill caught a baseline job between its marker and its end\n{summary}"
+    assert set(baseline["named"]["stuck"]) == held, summary
+    assert baseline["named"]["lost"] == baseline["named"]["stuck"], summary
+    assert before["markers"] == options.jobs  # every job's first delivery created one
+    assert f"| jobs lost (never completed, not in the failure path) | 0 | {len(held)} |" in summary
 
 
 # -- the pieces, without emulators ------------------------------------------------------
