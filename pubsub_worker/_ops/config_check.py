@@ -19,7 +19,11 @@ failure topic          ``FAILURE_TOPIC`` is set and the topic does not exist (a 
                        when unset)
 Firestore              it does not answer
 TTL policy, indexes    never: hints with the ``gcloud`` commands (checked through the
-                       Firestore Admin API on real Firestore, where permitted)
+                       Firestore Admin API on real Firestore, where permitted); an
+                       unsharded listing index left from an earlier release is a hint
+index exemptions       never: on real Firestore, a hint with its ``gcloud`` command per
+                       field of ``EXEMPT_FIELDS`` still indexed (``ListFields``, the
+                       explicit overrides); on the emulator, that it does not apply
 =====================  ===============================================================
 
 The pure part (:func:`subscription_checks`) judges a subscription as read;
@@ -40,7 +44,13 @@ from pubsub_worker._support import clients
 from pubsub_worker.errors import ConfigError, Unreachable
 from pubsub_worker.settings import Settings
 
-from .jobs import LIST_INDEXES, IndexField, index_commands
+from .config_report import (
+    EXEMPT_FIELDS,
+    exemption_hints,
+    index_commands,
+    index_hints,
+    ttl_command,
+)
 
 __all__ = [
     "Check",
@@ -229,14 +239,6 @@ def _short(path: str) -> str:
 # -- everything, live ---------------------------------------------------------------
 
 
-def ttl_command(collection: str) -> str:
-    """The ``gcloud`` command that points a TTL policy at ``expire_at``."""
-    return (
-        f"gcloud firestore fields ttls update expire_at --collection-group={collection} "
-        "--enable-ttl"
-    )
-
-
 def run_checks(
     settings: Settings,
     *,
@@ -329,28 +331,45 @@ def _firestore(settings: Settings, client: Any) -> Check:
 
 
 def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> list[Check]:
-    """TTL policy and listing indexes: checked through the Admin API, else hints."""
+    """TTL policy, listing indexes and index exemptions: read through the Admin API, else hints."""
     collection = settings.collection
     ttl_hint = (
         f"documents carry expire_at ({settings.retention_days} days after their last claim); "
         f"point a TTL policy at it: {ttl_command(collection)}"
     )
     index_hint = "`jobs list` needs two composite indexes: " + "; ".join(index_commands(collection))
+    exempt_hint = (
+        f"{len(EXEMPT_FIELDS)} fields no query reads should be exempt from single-field "
+        "indexing (docs/operations.md, Capacity)"
+    )
     if admin is None:
         return [
             Check("TTL policy", Level.HINT, ttl_hint + " (not checked: the emulator has no TTL)"),
             Check("indexes", Level.HINT, index_hint + " (the emulator needs none)"),
+            Check(
+                "index exemptions",
+                Level.HINT,
+                "does not apply to the emulator, which enforces none of Firestore's write "
+                f"limits; on real Firestore {exempt_hint}",
+            ),
         ]
     parent = f"projects/{settings.project_id}/databases/(default)/collectionGroups/{collection}"
     try:
         client = admin()
         field = client.get_field(name=f"{parent}/fields/expire_at", timeout=_TIMEOUT_S)
         indexes = list(client.list_indexes(parent=parent, timeout=_TIMEOUT_S))
+        overrides = list(
+            client.list_fields(
+                request={"parent": parent, "filter": "indexConfig.usesAncestorConfig:false"},
+                timeout=_TIMEOUT_S,
+            )
+        )
     except (gexc.GoogleAPICallError, gexc.RetryError, ImportError, ValueError) as exc:
         why = f" (could not check: {type(exc).__name__}: {exc})"
         return [
             Check("TTL policy", Level.HINT, ttl_hint + why),
             Check("indexes", Level.HINT, index_hint + why),
+            Check("index exemptions", Level.HINT, exempt_hint + why),
         ]
     state = getattr(getattr(getattr(field, "ttl_config", None), "state", None), "name", "")
     ttl = (
@@ -358,26 +377,15 @@ def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> lis
         if state in ("ACTIVE", "CREATING")
         else Check("TTL policy", Level.HINT, ttl_hint)
     )
-    missing = [index for index in LIST_INDEXES if not _has_index(indexes, index)]
-    found = (
-        Check("indexes", Level.OK, "both composite indexes of `jobs list` exist")
-        if not missing
-        else Check(
-            "indexes",
-            Level.HINT,
-            "`jobs list` lacks composite index(es); create them: "
-            + "; ".join(index_commands(collection)[LIST_INDEXES.index(i)] for i in missing),
-        )
-    )
-    return [ttl, found]
-
-
-def _has_index(indexes: list[Any], wanted: tuple[IndexField, ...]) -> bool:
-    want = [(f.path, "DESCENDING" if f.descending else "ASCENDING") for f in wanted]
-    for index in indexes:
-        if getattr(index.query_scope, "name", "") != "COLLECTION":
-            continue
-        fields = [(f.field_path, f.order.name) for f in index.fields if f.field_path != "__name__"]
-        if fields == want:
-            return True
-    return False
+    # A hint per missing index or exemption, each with its command; one ok when none.
+    indexed = [Check("indexes", Level.HINT, hint) for hint in index_hints(collection, indexes)]
+    exempt = [
+        Check("index exemptions", Level.HINT, hint)
+        for hint in exemption_hints(collection, overrides)
+    ]
+    all_exempt = f"the {len(EXEMPT_FIELDS)} fields no query reads are not indexed"
+    return [
+        ttl,
+        *(indexed or [Check("indexes", Level.OK, "both composite indexes of `jobs list` exist")]),
+        *(exempt or [Check("index exemptions", Level.OK, all_exempt)]),
+    ]

@@ -9,19 +9,24 @@ JSON) is :mod:`pubsub_worker._ops.jobs_view`.
 
 :func:`list_jobs` is one Firestore query per page, newest first::
 
-    where subscription == S [and status == X] [and updated_at < now - AGE]
+    where subscription == S [and status == X] and shard in [0 .. SHARDS - 1]
+          [and updated_at < now - AGE]
     order by updated_at desc, __name__ desc   limit N [start after the cursor]
 
-Real Firestore answers an equality filter plus an order on another field
-only from a composite index, which the emulator never asks for. The two
-this query needs are :data:`LIST_INDEXES` (``firestore.indexes.json`` in
-``samples/cloud_run`` and ``gcloud`` commands in ``docs/operations.md``);
-:func:`list_query_shape` says which one a listing uses, and a unit test
-checks that every shape has its index. Without them production answers
-``FailedPrecondition``, reported as :class:`IndexMissing` with the command
-that creates the index. A page ends with a cursor (:class:`Page.next`):
-the last row's ``updated_at`` and document id, so paging is stable while
-jobs are written and costs one read per row shown.
+Real Firestore answers it only from a composite index (the emulator asks
+for none): :data:`~pubsub_worker._ops.config_report.LIST_INDEXES`, the shard
+before ``updated_at``, so a subscription's writes land at the ends of
+:data:`~pubsub_worker.stores.base.SHARDS` index ranges, not one (each takes
+Firestore's 500 writes per second for sequential values). The ``in`` filter
+is one query whose shards Firestore merges by ``updated_at``: the rows,
+their order and the cursor are those of one unsharded range.
+:func:`list_query_shape` names the index a listing uses (a unit test checks
+each has one); without it production answers ``FailedPrecondition``,
+reported as :class:`IndexMissing` with the command that creates it. A page
+ends with a cursor (:class:`Page.next`): the last row's ``updated_at`` and
+document id, so paging is stable while jobs are written and costs one read
+per row shown. A document written before the shard existed is in no
+listing until :func:`backfill_shards` gives it its shard.
 
 :func:`release` drops a stuck owner's claim: one conditional update on the
 version just read (``status`` released, ``epoch`` + 1, the lease cleared,
@@ -49,22 +54,19 @@ from pubsub_worker.errors import PubSubWorkerError, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobStore, Status
 
+from .config_report import index_command, list_query_shape
 from .jobs_view import JobView
 
 __all__ = [
-    "LIST_INDEXES",
-    "IndexField",
+    "Backfill",
     "IndexMissing",
     "Page",
-    "QueryShape",
     "ReleaseOutcome",
     "ReleaseResult",
+    "backfill_shards",
     "decode_cursor",
     "encode_cursor",
-    "index_commands",
-    "indexes_json",
     "list_jobs",
-    "list_query_shape",
     "release",
     "show",
 ]
@@ -89,79 +91,6 @@ def show(store: JobStore, subscription: str, key: str) -> JobView | None:
 
 
 # -- list ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IndexField:
-    """One field of a composite index."""
-
-    path: str
-    descending: bool = False
-
-
-LIST_INDEXES: tuple[tuple[IndexField, ...], ...] = (
-    (IndexField(s.SUBSCRIPTION), IndexField(s.UPDATED_AT, descending=True)),
-    (
-        IndexField(s.SUBSCRIPTION),
-        IndexField(s.STATUS),
-        IndexField(s.UPDATED_AT, descending=True),
-    ),
-)
-"""The composite indexes (collection scope) that :func:`list_jobs` needs on real Firestore."""
-
-
-@dataclass(frozen=True)
-class QueryShape:
-    """What a listing query filters and orders on: enough to name the index it needs."""
-
-    equalities: tuple[str, ...]
-    range_field: str | None
-    order: IndexField
-
-    def index(self) -> tuple[IndexField, ...]:
-        """The composite index Firestore serves this query from (``__name__`` is implicit)."""
-        return (*(IndexField(path) for path in self.equalities), self.order)
-
-
-def list_query_shape(status: Status | None, *, older_than: bool) -> QueryShape:
-    """The shape of the query :func:`list_jobs` sends for these filters. Pure."""
-    equalities = (s.SUBSCRIPTION,) if status is None else (s.SUBSCRIPTION, s.STATUS)
-    return QueryShape(
-        equalities=equalities,
-        range_field=s.UPDATED_AT if older_than else None,
-        order=IndexField(s.UPDATED_AT, descending=True),
-    )
-
-
-def indexes_json(collection: str) -> dict[str, Any]:
-    """:data:`LIST_INDEXES` for ``collection`` in the ``firestore.indexes.json`` format."""
-    return {
-        "indexes": [
-            {
-                "collectionGroup": collection,
-                "queryScope": "COLLECTION",
-                "fields": [
-                    {"fieldPath": f.path, "order": "DESCENDING" if f.descending else "ASCENDING"}
-                    for f in index
-                ],
-            }
-            for index in LIST_INDEXES
-        ],
-        "fieldOverrides": [],
-    }
-
-
-def index_commands(collection: str) -> list[str]:
-    """A ``gcloud firestore indexes composite create`` command per index of :data:`LIST_INDEXES`."""
-    return [_index_command(collection, index) for index in LIST_INDEXES]
-
-
-def _index_command(collection: str, index: tuple[IndexField, ...]) -> str:
-    configs = " ".join(
-        f"--field-config=field-path={f.path},order={'descending' if f.descending else 'ascending'}"
-        for f in index
-    )
-    return f"gcloud firestore indexes composite create --collection-group={collection} {configs}"
 
 
 class IndexMissing(PubSubWorkerError):
@@ -215,7 +144,8 @@ def list_jobs(
 
     ``older_than_s`` keeps jobs whose last write (``updated_at``, the
     writer's clock) is at least that old: stuck ones, with ``status``
-    running. ``after`` is the cursor of the previous page. Raises
+    running. ``after`` is the cursor of the previous page. A document with
+    no shard is not listed (:func:`backfill_shards`). Raises
     :class:`IndexMissing` when real Firestore lacks the query's index and
     :class:`~pubsub_worker.errors.StoreError` when it fails otherwise.
     """
@@ -226,6 +156,7 @@ def list_jobs(
     )
     if status is not None:
         query = query.where(filter=FieldFilter(s.STATUS, "==", status.value))
+    query = query.where(filter=FieldFilter(s.SHARD, "in", list(range(s.SHARDS))))
     if older_than_s is not None:
         cutoff = now - timedelta(seconds=older_than_s)
         query = query.where(filter=FieldFilter(s.UPDATED_AT, "<", cutoff))
@@ -240,7 +171,7 @@ def list_jobs(
     try:
         snapshots = list(query.stream())
     except gexc.FailedPrecondition as exc:
-        raise IndexMissing(_index_command(collection, shape.index()), str(exc)) from exc
+        raise IndexMissing(index_command(collection, shape.index()), str(exc)) from exc
     except gexc.GoogleAPICallError as exc:
         raise StoreError(f"listing jobs failed: {exc}") from exc
     jobs = [
@@ -258,6 +189,76 @@ def list_jobs(
     if len(snapshots) > limit and last is not None and last.updated_at is not None:
         cursor = encode_cursor(last.updated_at, last.doc_id)
     return Page(jobs=jobs, next=cursor)
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """What :func:`backfill_shards` did: documents read, shards written, documents gone."""
+
+    scanned: int
+    written: int
+    vanished: int
+    """Deleted (TTL) between the read and the write: nothing to write."""
+
+
+_BACKFILL_PAGE = 300
+_BACKFILL_ROUNDS = 5
+
+
+def backfill_shards(client: Any, store: JobStore, collection: str, subscription: str) -> Backfill:
+    """Give each document of ``subscription`` that has no shard its ``shard_of(doc_id)``.
+
+    Reads the subscription's documents by id, a page at a time (``subscription
+    ==``: its single-field index; the shard field only, one billed read per
+    document), and writes each missing shard in one conditional update on the
+    version just read (re-read on a conflict). Idempotent. Like any write it
+    renews a running job's lease once; the owner's next write re-reads, finds
+    its own epoch and goes on. Raises :class:`~pubsub_worker.errors.StoreError`
+    when Firestore fails (what was written stays: run it again).
+    """
+    query = (
+        client.collection(collection)
+        .where(filter=FieldFilter(s.SUBSCRIPTION, "==", subscription))
+        .order_by("__name__")
+        .select([s.SHARD])
+        .limit(_BACKFILL_PAGE)
+    )
+    scanned = written = vanished = 0
+    last = None
+    while True:
+        page = query if last is None else query.start_after(last)
+        try:
+            snapshots = list(page.stream())
+        except gexc.GoogleAPICallError as exc:
+            raise StoreError(f"reading the jobs of {subscription} failed: {exc}") from exc
+        for snap in snapshots:
+            scanned += 1
+            if (snap.to_dict() or {}).get(s.SHARD) is not None:
+                continue
+            if _write_shard(store, snap.id, snap.update_time):
+                written += 1
+            else:
+                vanished += 1
+        if len(snapshots) < _BACKFILL_PAGE:
+            return Backfill(scanned=scanned, written=written, vanished=vanished)
+        last = snapshots[-1]
+
+
+def _write_shard(store: JobStore, doc_id: str, version: Any) -> bool:
+    """Write the shard on ``version``; False when the document is gone. Re-read on a conflict."""
+    for _ in range(_BACKFILL_ROUNDS):
+        try:
+            store.update(doc_id, {(s.SHARD,): s.shard_of(doc_id)}, expected=version)
+        except VersionConflict:
+            snapshot = store.get(doc_id)
+            if snapshot is None:
+                return False
+            if snapshot.fields.get(s.SHARD) is not None:  # a claim or another run wrote it
+                return True
+            version = snapshot.version
+            continue
+        return True
+    raise StoreError(f"document {doc_id} kept changing: its shard was not written; run it again")
 
 
 # -- release ------------------------------------------------------------------------
@@ -330,6 +331,8 @@ def release(
         (s.LEASE_EXPIRES_AT,): None,
         (s.UPDATED_AT,): now,
     }
+    if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
+        changes[(s.SHARD,)] = s.shard_of(doc_id)
     try:
         store.update(doc_id, changes, expected=snapshot.version)
     except VersionConflict:

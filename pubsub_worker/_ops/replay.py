@@ -1,7 +1,9 @@
 """Review and replay of the failure path, fenced like every other write.
 
 :func:`list_failed` reads the failure path's records of a subscription (a
-Firestore query: the store protocol has no queries) and parses each through
+Firestore query, ``subscription == S and status == failed``: the store
+protocol has no queries) or, given keys, the documents of those keys by id
+(no query: ``key`` needs no index), and parses each through
 :class:`~pubsub_worker.stores.base.JobRecord`. :func:`replay` revives them through
 the :class:`~pubsub_worker.stores.base.JobStore` protocol only. For each job it
 reads the document afresh and decides from what it finds:
@@ -59,7 +61,8 @@ from typing import Any
 
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, display
+from pubsub_worker._job.failure import rejected_document_id
+from pubsub_worker._job.keys import REPLAY_OF_ATTRIBUTE, display, document_id
 from pubsub_worker._job.lease import lease_left_s, now_utc
 from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import check_message
@@ -78,9 +81,6 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-
-# Firestore answers "in" queries with at most this many values.
-_IN_QUERY_VALUES = 10
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,13 @@ def list_failed(
 ) -> Iterator[FailedJob]:
     """Failed records of ``subscription``; with ``keys``, the records of those keys.
 
-    Without keys, only ``failed`` records are listed. With keys every record
-    of those keys is, whatever its status, so that :func:`replay` can say
-    what it found (``skipped: completed``, ``skipped: running``, ...).
+    Without keys, only ``failed`` records are listed. With keys, each key's
+    job document is read by its id, whatever its status, so that
+    :func:`replay` can say what it found (``skipped: completed``, ``skipped:
+    running``, ...), and so is the record of a message rejected before it
+    became a job whose message id is that key (as ``jobs show`` finds it);
+    keys without either are left out. One batched read of two documents per
+    key, in the keys' order.
     """
     query = client.collection(collection).where(
         filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)
@@ -155,10 +159,19 @@ def list_failed(
         for snapshot in by_status.stream():
             yield _failed_job(snapshot)
         return
-    for start in range(0, len(wanted), _IN_QUERY_VALUES):
-        chunk = [display(key) for key in wanted[start : start + _IN_QUERY_VALUES]]
-        for snapshot in query.where(filter=FieldFilter(s.KEY, "in", chunk)).stream():
-            yield _failed_job(snapshot)
+    ids = [
+        doc_id
+        for key in wanted
+        for doc_id in (document_id(subscription, key), rejected_document_id(subscription, key))
+    ]
+    found = {
+        snapshot.id: snapshot
+        for snapshot in client.get_all([client.collection(collection).document(i) for i in ids])
+        if snapshot.exists
+    }
+    for doc_id in dict.fromkeys(ids):
+        if doc_id in found:
+            yield _failed_job(found[doc_id])
 
 
 def replay(
@@ -285,6 +298,8 @@ def _replay_one(
         (s.REPLAYED_AT,): now,
         (s.UPDATED_AT,): now,
     }
+    if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
+        reset[(s.SHARD,)] = s.shard_of(job.doc_id)
     try:
         store.update(job.doc_id, reset, expected=snapshot.version)
     except VersionConflict:

@@ -71,6 +71,7 @@ def test_a_non_exactly_once_subscription_and_a_missing_failure_topic_are_problem
         "Firestore": "ok",
         "TTL policy": "hint",
         "indexes": "hint",
+        "index exemptions": "hint",
     }
     settings = {row["variable"]: row for row in document["settings"]}
     assert settings["PUBSUB_WORKER_FAILURE_TOPIC"] == {
@@ -133,6 +134,7 @@ def test_a_subscription_set_up_for_the_worker_passes_with_its_warnings(
         "Firestore": "ok",
         "TTL policy": "hint",
         "indexes": "hint",
+        "index exemptions": "hint",
     }
     settings = {row["variable"]: row for row in document["settings"]}
     assert settings["PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS"] == {
@@ -171,9 +173,11 @@ def test_a_missing_subscription_and_an_unreachable_firestore_are_problems(
         "Firestore": "problem",
         "TTL policy": "hint",
         "indexes": "hint",
+        "index exemptions": "hint",
     }
     details = {check["check"]: check["detail"] for check in document["checks"]}
     assert details["subscription"] == "does not exist"
+    assert details["index exemptions"].startswith("does not apply to the emulator")
     assert details["Firestore"].startswith(
         f"Firestore did not answer: the emulator at 127.0.0.1:{port}"
     )

@@ -6,13 +6,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from google.cloud import firestore_admin_v1 as admin_v1
 from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy, Subscription
 
 from pubsub_worker import Settings
 from pubsub_worker._ops import config_check as cc
 from pubsub_worker._ops import config_report as cr
-from pubsub_worker._ops.jobs import LIST_INDEXES
 
 SUB = "projects/proj/subscriptions/sub"
 
@@ -135,45 +133,3 @@ def test_a_set_grace_wins_over_cloud_runs_default_and_elsewhere_there_is_none() 
     set_by_hand = {"K_SERVICE": "svc", "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "8"}
     assert cr.platform_overrides(set_by_hand) == {}
     assert cr.platform_overrides({}) == {}
-
-
-class FakeAdmin:
-    """The two Admin API calls the checks make, answering from given objects."""
-
-    def __init__(self, ttl_state: str, indexes: list[admin_v1.Index]) -> None:
-        self.field = admin_v1.Field(ttl_config=admin_v1.Field.TtlConfig(state=ttl_state))
-        self.indexes = indexes
-
-    def get_field(self, *, name: str, timeout: float) -> admin_v1.Field:
-        assert name.endswith("/collectionGroups/jobs/fields/expire_at")
-        return self.field
-
-    def list_indexes(self, *, parent: str, timeout: float) -> list[admin_v1.Index]:
-        return self.indexes
-
-
-def index(fields: tuple[Any, ...]) -> admin_v1.Index:
-    return admin_v1.Index(
-        query_scope="COLLECTION",
-        fields=[
-            admin_v1.Index.IndexField(
-                field_path=f.path, order="DESCENDING" if f.descending else "ASCENDING"
-            )
-            for f in fields
-        ]
-        + [admin_v1.Index.IndexField(field_path="__name__", order="DESCENDING")],
-    )
-
-
-def test_ttl_and_indexes_are_checked_through_the_admin_api_on_real_firestore() -> None:
-    ready = FakeAdmin("ACTIVE", [index(i) for i in LIST_INDEXES])
-    checks = cc._firestore_setup(settings(collection="jobs"), lambda: ready)
-    assert levels(checks) == {"TTL policy": cc.Level.OK, "indexes": cc.Level.OK}
-
-    bare = FakeAdmin("STATE_UNSPECIFIED", [index(LIST_INDEXES[0])])
-    found = {c.name: c for c in cc._firestore_setup(settings(collection="jobs"), lambda: bare)}
-    assert found["TTL policy"].level is cc.Level.HINT
-    assert cc.ttl_command("jobs") in found["TTL policy"].detail
-    assert found["indexes"].level is cc.Level.HINT
-    assert "field-path=status" in found["indexes"].detail
-    assert found["indexes"].detail.count("gcloud firestore indexes") == 1

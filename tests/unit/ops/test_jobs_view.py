@@ -18,8 +18,8 @@ from google.api_core import exceptions as gexc
 
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.keys import derive_identity, document_id
+from pubsub_worker._ops import config_report, jobs_view
 from pubsub_worker._ops import jobs as job_ops
-from pubsub_worker._ops import jobs_view
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.cli import jobs as cli_jobs
 from pubsub_worker.errors import VersionConflict
@@ -188,32 +188,6 @@ def test_release_that_races_a_writer_reports_a_conflict() -> None:
     assert JobRecord.parse(store.get(doc_id).fields).epoch == 1  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("status", [None, *Status])
-@pytest.mark.parametrize("older_than", [False, True])
-def test_every_listing_query_has_its_composite_index(
-    status: Status | None, older_than: bool
-) -> None:
-    shape = job_ops.list_query_shape(status, older_than=older_than)
-    assert shape.index() in job_ops.LIST_INDEXES
-    # Firestore: a range filter must be on the first order-by field.
-    assert shape.range_field in (None, shape.order.path)
-
-
-def test_the_shipped_index_file_and_commands_are_the_indexes_listing_needs() -> None:
-    shipped = json.loads((ROOT / "samples/cloud_run/firestore.indexes.json").read_text())
-    assert shipped == job_ops.indexes_json("pubsub_worker_jobs")
-    commands = job_ops.index_commands("jobs")
-    assert commands[1] == (
-        "gcloud firestore indexes composite create --collection-group=jobs "
-        "--field-config=field-path=subscription,order=ascending "
-        "--field-config=field-path=status,order=ascending "
-        "--field-config=field-path=updated_at,order=descending"
-    )
-    operations = (ROOT / "docs/operations.md").read_text()
-    for command in job_ops.index_commands("pubsub_worker_jobs"):
-        assert command in operations.replace("\\\n  ", "")
-
-
 def test_a_cursor_round_trips_to_the_microsecond_and_rejects_garbage() -> None:
     at = datetime(2025, 5, 1, 10, 0, 0, 123456, tzinfo=timezone.utc)
     doc_id = document_id(SUB, "k")
@@ -260,7 +234,7 @@ class RefusingQuery:
 def test_a_listing_without_its_index_says_which_command_creates_it() -> None:
     with pytest.raises(job_ops.IndexMissing) as missing:
         job_ops.list_jobs(RefusingQuery(), "jobs", SUB, status=Status.RUNNING, older_than_s=600)
-    assert missing.value.command == job_ops.index_commands("jobs")[1]
+    assert missing.value.command == config_report.index_commands("jobs")[1]
     assert "The query requires an index" in str(missing.value)
 
 
