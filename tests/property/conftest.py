@@ -1,0 +1,30 @@
+"""Hypothesis profiles of the property tests: ``ci`` unless the command line chooses one.
+
+``ci`` (the default) is reproducible and bounded: a fixed seed
+(``derandomize``), few enough examples that this directory runs in well
+under a minute on two busy cores, no per-example deadline (the emulator's
+round trips vary with the machine's load), and the blob to reproduce a
+failure printed. ``long`` explores: random seeds and many more examples, for
+``pytest tests/property --hypothesis-profile=long`` (``nox -s model``).
+
+Hypothesis's pytest plugin loads the profile named by ``--hypothesis-profile``
+when pytest starts, so this file must have registered it by then: give pytest
+``tests/property`` (or a file in it) as an argument, which makes this an
+initial conftest, loaded before the plugin reads the option.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+
+CI_EXAMPLES = 60
+"""Examples per pure property under ``ci``; the tests on the emulator run a fraction."""
+
+settings.register_profile(
+    "ci", derandomize=True, max_examples=CI_EXAMPLES, deadline=None, print_blob=True
+)
+settings.register_profile(
+    "long", derandomize=False, max_examples=50 * CI_EXAMPLES, deadline=None, print_blob=True
+)
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("ci")
