@@ -133,6 +133,7 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
     return {
         s.KEY: display(identity.key),
         s.SUBSCRIPTION: identity.subscription,
+        s.SHARD: s.shard_of(identity.doc_id),
         s.STATUS: Status.RUNNING.value,
         s.EPOCH: 1,
         s.OWNER: request.owner,
