@@ -233,9 +233,11 @@ class FailurePath:
         self, message_id: str, key: str | None, reason: str, error: str, extra: dict[str, Any]
     ) -> None:
         now = now_utc()
+        doc_id = rejected_document_id(self._subscription, message_id)
         record = {
             s.KEY: display(key) if key is not None else None,
             s.SUBSCRIPTION: self._subscription,
+            s.SHARD: s.shard_of(doc_id),
             s.STATUS: Status.FAILED.value,
             s.EPOCH: 0,
             s.ATTEMPTS: 0,
@@ -248,7 +250,7 @@ class FailurePath:
             **extra,
         }
         try:
-            self._store.create(rejected_document_id(self._subscription, message_id), record)
+            self._store.create(doc_id, record)
         except AlreadyExists:
             pass  # recorded by an earlier delivery of this message
 

@@ -152,6 +152,20 @@ def cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_backfill_shards(args: argparse.Namespace, settings: Settings) -> int:
+    """``jobs backfill-shards``: give documents written before the shard field theirs (once)."""
+    store = environment.job_store(settings)
+    done = job_ops.backfill_shards(
+        store.client, store, store.collection, settings.subscription_path
+    )
+    gone = f"; {done.vanished} deleted meanwhile" if done.vanished else ""
+    print(
+        f"{done.written} of {done.scanned} document(s) of {settings.subscription_path} "
+        f"given their shard{gone}"
+    )
+    return 0
+
+
 # -- replay --------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from emulator import SubscriptionHandle
 from pubsub_worker import Counter
 from pubsub_worker._job.failure import rejected_document_id
 from pubsub_worker._job.keys import document_id
+from pubsub_worker.stores.base import shard_of
 
 from .conftest import pull_all
 
@@ -190,13 +191,10 @@ def test_missing_key_attribute_goes_to_the_failure_path_never_to_a_fallback_key(
     assert failed[0].attributes["other"] == "1"
     assert failed[0].attributes["pubsub_worker_reason"] == "missing_key"
     assert failed[0].attributes["pubsub_worker_message_id"] == message_id
-    record = (
-        firestore_client.collection(settings.collection)
-        .document(rejected_document_id(settings.subscription_path, message_id))
-        .get()
-        .to_dict()
-    )
+    doc_id = rejected_document_id(settings.subscription_path, message_id)
+    record = firestore_client.collection(settings.collection).document(doc_id).get().to_dict()
     assert record["status"] == "failed"
+    assert record["shard"] == shard_of(doc_id)  # listed by `jobs list` like a job
     assert record["reason"] == "missing_key"
     assert record["data"] == b"no key here"
     assert pull_all(subscriber, eod_subscription.subscription_path) == []  # acked
