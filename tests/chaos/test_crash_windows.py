@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from emulator import Emulators, SubscriptionHandle, TcpProxy
+from pubsub_worker._support import fences
 from tests.chaos.conftest import BOTH_FLAVOURS, LEASE_S
 from tests.support.gate import Gate
 from tests.support.observe import (
@@ -30,6 +31,7 @@ from tests.support.observe import (
     deliveries,
     end_stale_streams,
     job_document,
+    nacks,
     pids,
     runs,
     step_epochs,
@@ -93,10 +95,21 @@ def test_callback_paused_past_its_lease_can_neither_commit_nor_ack(
     the design guarantees, and what is asserted exactly: each step is
     *recorded* once, by the owner of the epoch that ran it, and the job is
     completed once, by epoch 2.
+
+    The commit's version precondition alone stops it: the frozen worker runs
+    with its generation fence switched off, so the delivery its lease keeper
+    gives up on waking (no progress for a lease) does not stop it first.
+    Without the precondition its record lands and it completes again
+    (``tests/integration/test_fences.py`` switches it off).
     """
     sub_path = eod_subscription.subscription_path
     with TcpProxy(emulators.pubsub_host or "") as pubsub_link:
-        env = {**worker_env, "PUBSUB_EMULATOR_HOST": pubsub_link.address, "CHAOS_GATES": "step:b"}
+        env = {
+            **worker_env,
+            "PUBSUB_EMULATOR_HOST": pubsub_link.address,
+            "CHAOS_GATES": "step:b",
+            fences.ENV: "generation",
+        }
         stalled = workers(env, "stalled")
         message_id = publisher.publish(eod_subscription.topic_path, b"payload", op="op-1").result()
         gate = Gate(effects.path, "step:b")
@@ -119,18 +132,14 @@ def test_callback_paused_past_its_lease_can_neither_commit_nor_ack(
     # b: the rescuer's run (recorded), then the woken worker's late run (discarded)
     assert runs(effects, "b") == [(rescuer.pid, 2), (stalled.pid, 1)]
     assert runs(effects, "c") == [(rescuer.pid, 2)]
-    # Woken up, it is stopped by one of two fences, whichever fires first: its own lease
-    # keeper sees a lease without progress and gives the delivery up, or its commit of b
-    # finds the rescuer's epoch.
-    fences = (
-        "lost ownership: the job was claimed at epoch 2 (ours: 1)",
-        "lost ownership: no progress for a lease",
-    )
-    assert sum(fence in stalled.log() for fence in fences) == 1
-    assert "completed (attempt" not in stalled.log()
+    # Woken up, its record of b finds the rescuer's epoch: it stops there, once, with a nack
+    # (its delivery counts as current: that fence is off), never with a completion.
+    assert "fence(s) generation switched off" in stalled.log()
+    assert stalled.log().count("ownership lost (the job was claimed at epoch 2 (ours: 1)); ") == 1
+    assert stalled.log().count("completed (attempt") == 0
     assert "completed (attempt 2, epoch 2)" in rescuer.log()
     assert (deliveries(stalled, message_id), deliveries(rescuer, message_id)) == (1, 1)
-    assert acks(stalled, message_id) == []  # it let its delivery go (nack or drop) instead
+    assert (acks(stalled, message_id), nacks(stalled, message_id)) == ([], 1)
     assert acks(rescuer, message_id) == ["SUCCESS"]
 
     doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")

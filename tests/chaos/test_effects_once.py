@@ -16,6 +16,7 @@ import pytest
 
 from emulator import Emulators, SubscriptionHandle, TcpProxy, drain_messages, unique_id
 from pubsub_worker._job.keys import document_id
+from pubsub_worker._support import fences
 from samples.fenced_sink import FencedSink
 from tests.chaos.conftest import BOTH_FLAVOURS
 from tests.support.gate import Gate
@@ -238,7 +239,12 @@ def test_a_paused_owner_s_transactional_write_never_lands(
     """Crash window 2 of the card: a worker frozen past its lease, just before its
     transactional step, while another takes the job over and finishes it. Woken up, its
     transaction finds the job at another epoch: its business write and its outbox entry
-    never land."""
+    never land.
+
+    The transaction's version check alone stops it: the frozen worker runs with its
+    generation fence switched off, so the delivery its lease keeper gives up on waking
+    (no progress for a lease) does not stop it first. Without the check it commits
+    (``tests/integration/test_fences.py`` switches it off)."""
     sink = unique_id("sink")
     env = {
         **worker_env,
@@ -247,19 +253,21 @@ def test_a_paused_owner_s_transactional_write_never_lands(
         "CHAOS_OUTPUT_TOPIC": output.topic_path,
         "CHAOS_GATES": "step:write",
     }
-    first = workers({**env, "PUBSUB_EMULATOR_HOST": pubsub_proxy.address}, "first")
+    unfenced = {fences.ENV: "generation", "PUBSUB_EMULATOR_HOST": pubsub_proxy.address}
+    first = workers({**env, **unfenced}, "first")
     publisher.publish(eod_subscription.topic_path, b"attachment", op=KEY).result()
     gate = Gate(effects.path, "step:write")
     second = _take_over(first, pubsub_proxy, gate, effects, workers, env)
 
-    # The first owner resumes into its transactional step and is stopped by one of two
-    # fences: the epoch check of its transaction, or (if its lease keeper saw the lease
-    # pass without progress first) the delivery it gave up.
-    first.wait_for_log(
-        "the job was claimed at epoch 2 (ours: 1)",
-        "lost ownership: no progress for a lease",
-        timeout_s=30,
+    # The first owner resumes into its transactional step: its transaction reads the job
+    # at epoch 2, and it stops there, without an ack.
+    stopped = (
+        "ownership lost (the job was claimed at epoch 2 (ours: 1)); "
+        "nacked for redelivery without ack"
     )
+    first.wait_for_log(stopped, timeout_s=30)
+    assert first.log().count(stopped) == 1
+    assert "fence(s) generation switched off" in first.log()
     documents = [d.to_dict() for d in firestore_client.collection(sink).stream()]
     assert [(d["key"], d["epoch"], d["pid"]) for d in documents] == [(KEY, 2, second.pid)]
     outputs = drain_messages(subscriber, output.subscription_path, quiet_s=QUIET_S)
