@@ -25,7 +25,14 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from emulator.errors import EmulatorError
 from emulator.names import subscription_path, topic_path, unique_id
-from emulator.topology import DeadLetterSpec, RetrySpec, SubscriptionSpec, TopicSpec, Topology
+from emulator.topology import (
+    DeadLetterSpec,
+    PushSpec,
+    RetrySpec,
+    SubscriptionSpec,
+    TopicSpec,
+    Topology,
+)
 
 if TYPE_CHECKING:
     from google.pubsub_v1 import PublisherClient, SubscriberClient
@@ -39,6 +46,7 @@ __all__ = [
     "delete_subscription",
     "emulator_channel",
     "publisher_admin",
+    "set_push",
     "subscriber_admin",
 ]
 
@@ -121,6 +129,8 @@ def _subscription_request(spec: SubscriptionSpec, project: str) -> dict[str, obj
             "minimum_backoff": datetime.timedelta(seconds=spec.retry.min_backoff_seconds),
             "maximum_backoff": datetime.timedelta(seconds=spec.retry.max_backoff_seconds),
         }
+    if spec.push is not None:
+        request["push_config"] = spec.push.config()
     return request
 
 
@@ -131,11 +141,17 @@ def _differences(existing: Subscription, spec: SubscriptionSpec, project: str) -
         "enable_exactly_once_delivery": spec.exactly_once,
         "enable_message_ordering": spec.ordering,
     }
-    return [
+    differences = [
         f"{key}={getattr(existing, key)!r} (declared {value!r})"
         for key, value in wanted.items()
         if getattr(existing, key) != value
     ]
+    endpoint = spec.push.endpoint if spec.push is not None else ""
+    if existing.push_config.push_endpoint != endpoint:
+        differences.append(
+            f"push_endpoint={existing.push_config.push_endpoint!r} (declared {endpoint!r})"
+        )
+    return differences
 
 
 def bootstrap(
@@ -225,6 +241,8 @@ class SubscriptionHandle:
         dead_letter_topic_path: The dead-letter topic, if one was asked for.
         dead_letter_subscription_path: A subscription on the dead-letter topic
             (so that forwarded messages are kept and can be pulled), if any.
+        push_endpoint: Where the emulator pushes the messages, for a push
+            subscription; None for a pull one.
     """
 
     project: str
@@ -234,6 +252,7 @@ class SubscriptionHandle:
     subscription_path: str
     dead_letter_topic_path: str | None = None
     dead_letter_subscription_path: str | None = None
+    push_endpoint: str | None = None
 
 
 def create_subscription(
@@ -246,6 +265,7 @@ def create_subscription(
     max_delivery_attempts: int | None = None,
     retry: RetrySpec | None = None,
     ordering: bool = False,
+    push: PushSpec | None = None,
     prefix: str = "t",
 ) -> SubscriptionHandle:
     """Create a uniquely named topic and subscription (and dead-letter pair if asked).
@@ -261,6 +281,9 @@ def create_subscription(
         retry: Retry policy back-off, or None for immediate redelivery.
         ordering: Enable message ordering on the subscription (ordering keys are
             delivered in publish order; publish with message ordering enabled).
+        push: Make it a push subscription to this endpoint (with
+            ``exactly_once=False``: Pub/Sub has exactly-once delivery for pull
+            subscriptions only). :func:`set_push` points it elsewhere later.
         prefix: Start of the generated ids (a letter first).
 
     Raises:
@@ -282,6 +305,7 @@ def create_subscription(
         dead_letter=dead_letter,
         retry=retry,
         ordering=ordering,
+        push=push,
     )
     topology = Topology(topics=tuple(topics), subscriptions=(main, *extra))
     made = bootstrap(topology, project=project, publisher=publisher, subscriber=subscriber)
@@ -293,6 +317,20 @@ def create_subscription(
         subscription_path=made.subscriptions[main.name],
         dead_letter_topic_path=made.topics.get(f"{base}-dead"),
         dead_letter_subscription_path=made.subscriptions.get(f"{base}-dead-sub"),
+        push_endpoint=push.endpoint if push is not None else None,
+    )
+
+
+def set_push(subscriber: SubscriberClient, subscription_path: str, push: PushSpec | None) -> None:
+    """Point a subscription's pushes at ``push`` (another endpoint), or make it a pull one (None).
+
+    The emulator's next delivery attempt of each message, a retry included,
+    goes to the new endpoint (``modify_push_config``; measured: a push
+    subscription turned pull and back keeps its backlog).
+    """
+    config = push.config() if push is not None else {}
+    subscriber.modify_push_config(
+        request={"subscription": subscription_path, "push_config": config}, timeout=10
     )
 
 

@@ -45,7 +45,7 @@ from emulator.bootstrap import (
 from emulator.emulators import Emulators, start_emulators
 from emulator.errors import EmulatorError
 from emulator.names import unique_id
-from emulator.topology import RetrySpec
+from emulator.topology import PushSpec, RetrySpec
 
 __all__ = [
     "MakeSubscription",
@@ -82,6 +82,7 @@ class MakeSubscription(Protocol):
         max_delivery_attempts: int | None = None,
         retry: RetrySpec | None = None,
         ordering: bool = False,
+        push: PushSpec | None = None,
         prefix: str = "t",
     ) -> SubscriptionHandle: ...
 
@@ -229,7 +230,8 @@ def make_subscription(
     Call with keyword options ``exactly_once`` (default True),
     ``ack_deadline_seconds`` (10), ``max_delivery_attempts`` (None: no
     dead-letter topic), ``retry`` (:class:`~emulator.RetrySpec` or None),
-    ``ordering`` (False: no message ordering) and ``prefix``. Returns a
+    ``ordering`` (False: no message ordering), ``push`` (:class:`~emulator.PushSpec`:
+    a push subscription, with ``exactly_once=False``) and ``prefix``. Returns a
     :class:`~emulator.SubscriptionHandle`.
     """
     made: list[SubscriptionHandle] = []

@@ -17,6 +17,12 @@ A topology file, every key shown (only ``name`` and ``topic`` are required)::
     dead_letter = { topic = "jobs-dead", max_delivery_attempts = 5 }   # 5..100
     retry = { min_backoff_seconds = 1, max_backoff_seconds = 60 }      # 0..600
 
+    [[subscriptions]]
+    name = "jobs-push"
+    topic = "jobs"
+    # A push subscription: the emulator POSTs each message to the endpoint (no token).
+    push = { endpoint = "http://127.0.0.1:8080/", no_wrapper = false, write_metadata = false }
+
 Validation is strict: unknown keys, wrong types, values out of range,
 invalid or duplicate names and references to undeclared topics raise
 :class:`~emulator.errors.TopologyError` naming the field path (such as
@@ -47,6 +53,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DeadLetterSpec",
+    "PushSpec",
     "RetrySpec",
     "SubscriptionSpec",
     "TopicSpec",
@@ -86,6 +93,28 @@ class RetrySpec:
 
 
 @dataclass(frozen=True)
+class PushSpec:
+    """Deliver by push: POST each message to ``endpoint`` (``http://`` or ``https://``).
+
+    ``no_wrapper``: the message data is the body (``--push-no-wrapper``);
+    ``write_metadata``: with it, the message id, publish time and attributes
+    travel as headers (``--push-no-wrapper-write-metadata``). The emulator
+    sends no OIDC token.
+    """
+
+    endpoint: str
+    no_wrapper: bool = False
+    write_metadata: bool = False
+
+    def config(self) -> dict[str, object]:
+        """The subscription's ``push_config`` for this spec."""
+        config: dict[str, object] = {"push_endpoint": self.endpoint}
+        if self.no_wrapper:
+            config["no_wrapper"] = {"write_metadata": self.write_metadata}
+        return config
+
+
+@dataclass(frozen=True)
 class SubscriptionSpec:
     """A pull subscription on a declared topic.
 
@@ -99,6 +128,9 @@ class SubscriptionSpec:
         ordering: Enable message ordering: messages published with the same
             ordering key are delivered in publish order (the publisher must
             enable message ordering too).
+        push: Deliver by push to an endpoint instead of being pulled; None
+            for a pull subscription. Not with ``exactly_once`` (Pub/Sub
+            offers exactly-once delivery to pull subscriptions only).
     """
 
     name: str
@@ -108,6 +140,7 @@ class SubscriptionSpec:
     dead_letter: DeadLetterSpec | None = None
     retry: RetrySpec | None = None
     ordering: bool = False
+    push: PushSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +256,29 @@ def _validate_subscription(sub: SubscriptionSpec, path: str, topics: set[str]) -
             )
     if sub.retry is not None:
         _validate_retry(sub.retry, f"{path}.retry")
+    if sub.push is not None:
+        _validate_push(sub, f"{path}.push")
+
+
+def _validate_push(sub: SubscriptionSpec, path: str) -> None:
+    push = sub.push
+    if not isinstance(push, PushSpec):
+        raise TopologyError(f"must be a PushSpec, got {push!r}", path=path)
+    if not isinstance(push.endpoint, str) or not re.match(r"^https?://[^\s/]+", push.endpoint):
+        raise TopologyError(
+            f"must be an http:// or https:// URL, got {push.endpoint!r}", path=f"{path}.endpoint"
+        )
+    for flag in ("no_wrapper", "write_metadata"):
+        value = getattr(push, flag)
+        if not isinstance(value, bool):
+            raise TopologyError(f"must be true or false, got {value!r}", path=f"{path}.{flag}")
+    if push.write_metadata and not push.no_wrapper:
+        raise TopologyError("needs no_wrapper = true", path=f"{path}.write_metadata")
+    if sub.exactly_once:
+        raise TopologyError(
+            "a push subscription cannot have exactly-once delivery (Pub/Sub refuses it)",
+            path=f"{path}",
+        )
 
 
 def _validate_retry(retry: RetrySpec, path: str) -> None:
@@ -254,7 +310,9 @@ _SUB_KEYS = {
     "ack_deadline_seconds",
     "dead_letter",
     "retry",
+    "push",
 }
+_PUSH_KEYS = {"endpoint", "no_wrapper", "write_metadata"}
 _DEAD_LETTER_KEYS = {"topic", "max_delivery_attempts"}
 _RETRY_KEYS = {"min_backoff_seconds", "max_backoff_seconds"}
 
@@ -299,8 +357,11 @@ def topology_from_dict(data: Mapping[str, Any], *, source: str | None = None) ->
         retry = None
         if "retry" in s:
             retry = RetrySpec(**_table(s["retry"], f"{path}.retry", _RETRY_KEYS, ()))
-        fields = {k: v for k, v in s.items() if k not in ("dead_letter", "retry")}
-        subs.append(SubscriptionSpec(**fields, dead_letter=dead_letter, retry=retry))
+        push = None
+        if "push" in s:
+            push = PushSpec(**_table(s["push"], f"{path}.push", _PUSH_KEYS, ("endpoint",)))
+        fields = {k: v for k, v in s.items() if k not in ("dead_letter", "retry", "push")}
+        subs.append(SubscriptionSpec(**fields, dead_letter=dead_letter, retry=retry, push=push))
     return Topology(topics=tuple(topics), subscriptions=tuple(subs), source=source)
 
 

@@ -4,6 +4,8 @@
 
     pubsub-worker run package.module:handler      consume PUBSUB_WORKER_SUBSCRIPTION
         [--metrics-port N] [--processes N]        Prometheus + health; N worker processes
+    pubsub-worker push package.module:handler     serve a push subscription's requests
+        [--host H] [--port N] [--metrics-port N]  POST /, /livez, /readyz (uvicorn)
     pubsub-worker config [--json]                  the effective settings, checked live
     pubsub-worker jobs show KEY [--json]           one job: status, owner, lease, steps, outbox
     pubsub-worker jobs list [--status S] [--older-than 10m] [--limit N] [--after CURSOR]
@@ -47,6 +49,7 @@ from .jobs import (
     cmd_show,
     parse_duration,
 )
+from .push import cmd_push, default_port
 from .run import cmd_run
 
 __all__ = ["build_parser", "main"]
@@ -82,6 +85,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         choices=range(1, 65),
         help="run N worker processes (1 to 64) on the subscription, supervised",
+    )
+
+    push_p = sub.add_parser("push", help="serve a push subscription's requests with a handler")
+    push_p.add_argument("handler", help="package.module:function, taking (message, job)")
+    push_p.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
+    )
+    push_p.add_argument(
+        "--port",
+        type=int,
+        default=default_port(),
+        metavar="N",
+        help="port to serve on (default $PORT, else 8080)",
+    )
+    push_p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve /metrics (Prometheus), /livez and /readyz on this port too",
+    )
+    push_p.add_argument(
+        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
     )
 
     config_p = sub.add_parser("config", help="the effective settings, checked against the cloud")
@@ -124,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _COMMANDS = {
     "run": cmd_run,
+    "push": cmd_push,
     "failed": cmd_failed,
     "replay": cmd_replay,
     ("jobs", "show"): cmd_show,
@@ -140,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             return cmd_config(args)
         settings = settings_from_env()
-        if args.command == "run":
+        if args.command in ("run", "push"):
             configure(settings.log_format)
             logging.getLogger("google").setLevel(logging.WARNING)
         name = (args.command, args.jobs_command) if args.command == "jobs" else args.command

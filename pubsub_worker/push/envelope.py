@@ -10,8 +10,9 @@ CloudEvent, structured mode       ``Content-Type: application/cloudevents+json``
                                   is the event's ``data`` (or ``data_base64``)
 unwrapped (``--push-no-wrapper``)  an ``x-goog-pubsub-message-id`` header (write metadata on):
                                   the body is the data, ``x-goog-pubsub-publish-time``,
-                                  ``-subscription-name``, ``-ordering-key`` the metadata, every
-                                  other header not of the transport an attribute
+                                  ``-subscription-name``, ``-ordering-key`` (the emulator:
+                                  ``x-goog-ordering-key``) the metadata, every other header
+                                  not of the transport an attribute
 wrapped (Pub/Sub's default)       a JSON body ``{"message": {"data": base64, "attributes":
                                   {...}, "messageId", "publishTime", "orderingKey"},
                                   "subscription": ..., "deliveryAttempt": n}`` (the
@@ -24,9 +25,12 @@ here does I/O.
 
 In the unwrapped form attributes travel as HTTP headers, whose names are
 case-insensitive (lowercase here) and shared with the transport: an
-attribute named like a transport header (``authorization``, ``user-agent``,
-``forwarded``, ``x-forwarded-*``, ``x-cloud-trace-context``, ``traceparent``
-...) cannot be told from it and is left out. Keep the wrapped form when
+attribute named like a transport header (``content-type``, ``authorization``,
+``user-agent``, ``forwarded``, ``x-forwarded-*``, ``x-cloud-trace-context``,
+``traceparent`` ...) cannot be told from it and is left out (a ``Content-Type``
+attribute becomes the request's content type, but a sender puts its own
+there when the message has none: the emulator's Java client sends
+``application/x-www-form-urlencoded``). Keep the wrapped form when
 attributes matter beyond a key attribute.
 """
 
@@ -67,6 +71,7 @@ _TRANSPORT_HEADERS = frozenset(
         "authorization",
         "connection",
         "content-length",
+        "content-type",
         "expect",
         "forwarded",
         "from",
@@ -206,13 +211,6 @@ def _unwrapped(headers: Mapping[str, str], body: bytes) -> PushMessage:
         for name, value in headers.items()
         if name not in _TRANSPORT_HEADERS and not name.startswith(_TRANSPORT_PREFIXES)
     }
-    attributes.pop("content-type", None)  # the transport's, unless the publisher set it
-    content_type = headers.get("content-type")
-    if content_type is not None and content_type.split(";", 1)[0].strip().lower() not in (
-        "application/octet-stream",
-        "",
-    ):
-        attributes["content-type"] = content_type
     attempt = headers.get("x-goog-pubsub-delivery-attempt")
     return PushMessage(
         message_id=message_id,
@@ -221,7 +219,9 @@ def _unwrapped(headers: Mapping[str, str], body: bytes) -> PushMessage:
         publish_time=_timestamp(
             headers.get("x-goog-pubsub-publish-time"), "x-goog-pubsub-publish-time"
         ),
-        ordering_key=headers.get("x-goog-pubsub-ordering-key", ""),
+        ordering_key=headers.get(
+            "x-goog-pubsub-ordering-key", headers.get("x-goog-ordering-key", "")
+        ),
         delivery_attempt=_attempt(attempt, "x-goog-pubsub-delivery-attempt"),
         subscription=_subscription(
             headers.get("x-goog-pubsub-subscription-name"), "x-goog-pubsub-subscription-name"

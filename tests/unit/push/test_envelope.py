@@ -141,14 +141,24 @@ def test_the_unwrapped_form_with_metadata_headers() -> None:
     assert message.ordering_key == "customer-7"
 
 
-def test_the_unwrapped_form_keeps_a_content_type_the_publisher_set() -> None:
-    headers = {"x-goog-pubsub-message-id": "1001", "content-type": "application/json"}
-    message = parse(headers, b"{}")
-    assert dict(message.attributes) == {"content-type": "application/json"}
-    plain = parse(
-        {"x-goog-pubsub-message-id": "1001", "content-type": "application/octet-stream"}, b""
-    )
-    assert dict(plain.attributes) == {}
+def test_the_unwrapped_form_as_the_emulator_sends_it() -> None:
+    headers = {
+        "op": "k1",
+        "mixedcase": "v",
+        "x-goog-ordering-key": "ok1",
+        "x-goog-pubsub-message-id": "2",
+        "x-goog-pubsub-publish-time": "2026-12-01T23:18:56.264Z",
+        "x-goog-pubsub-subscription-name": SUB,
+        "user-agent": "Java/17.0.15",
+        "host": "127.0.0.1:39371",
+        "accept": "text/html, image/gif, image/jpeg, */*; q=0.2",
+        "connection": "keep-alive",
+        "content-type": "application/x-www-form-urlencoded",
+        "content-length": "8",
+    }
+    message = parse(headers, b'{"a": 1}')
+    assert dict(message.attributes) == {"op": "k1", "mixedcase": "v"}
+    assert (message.message_id, message.ordering_key, message.data) == ("2", "ok1", b'{"a": 1}')
 
 
 MALFORMED: list[tuple[str, dict[str, str], bytes, str]] = [
