@@ -282,3 +282,69 @@ def test_a_permanent_error_reaches_the_failure_topic_once(
     assert effects.count("attempt", "bad") == 1  # the handler ran once
     doc = job_document(firestore_client, firestore_collection, sub, "bad")
     assert (doc["attempts"], doc["reason"]) == (1, "permanent")
+
+
+def test_sigterm_mid_step_releases_the_job_and_exits_0(
+    publisher: Any,
+    subscriber: Any,
+    push_subscription: SubscriptionHandle,
+    server_env: dict[str, str],
+    firestore_collection: str,
+    firestore_client: Any,
+    effects: Effects,
+    servers: Any,
+) -> None:
+    port = free_port()
+    env = {**server_env, "CHAOS_STEP_SLEEP_S": "30", "CHAOS_SLEEP_STEPS": "b"}
+    env["CHAOS_HEARTBEAT"] = "1"  # progress while it sleeps: only the shutdown stops it
+    server = servers(env, port, "stopped")
+    sub = push_subscription.subscription_path
+    set_push(subscriber, sub, endpoint(port))
+    publisher.publish(push_subscription.topic_path, b"order", op="k").result()
+    wait_for(lambda: len(runs(effects, "a", "k")) == 1, 30, "step a")
+    time.sleep(0.5)  # inside step b
+    started = time.monotonic()
+    assert server.terminate(timeout_s=30) == 0
+    assert time.monotonic() - started < 2 + 6  # the grace (2 s), then a boundary
+    doc = job_document(firestore_client, firestore_collection, sub, "k")
+    assert doc["status"] == "released"
+    assert doc["attempts"] == 0  # a shutdown gives the attempt back
+    assert set(doc["steps"]) == {"a"}
+    assert runs(effects, "b", "k") == []
+    assert "the worker is shutting down" in server.log()
+    rescuer = servers(server_env, port, "rescuer")  # Pub/Sub sends it again
+    wait_for(
+        lambda: status(firestore_client, firestore_collection, sub, "k") == "completed",
+        60,
+        "the job completed after the restart",
+    )
+    assert runs(effects, "a", "k") == [(server.pid, 1)]
+    assert runs(effects, "b", "k") == [(rescuer.pid, 2)]
+
+
+def test_the_unwrapped_form_with_metadata_headers_runs_the_same_job(
+    publisher: Any,
+    subscriber: Any,
+    push_subscription: SubscriptionHandle,
+    server_env: dict[str, str],
+    firestore_collection: str,
+    firestore_client: Any,
+    effects: Effects,
+    servers: Any,
+) -> None:
+    port = free_port()
+    servers(server_env, port)
+    sub = push_subscription.subscription_path
+    unwrapped = PushSpec(f"http://127.0.0.1:{port}/", no_wrapper=True, write_metadata=True)
+    set_push(subscriber, sub, unwrapped)
+    publisher.publish(push_subscription.topic_path, b"order", op="k").result()
+    publisher.publish(push_subscription.topic_path, b"order", op="k").result()
+    wait_for(
+        lambda: status(firestore_client, firestore_collection, sub, "k") == "completed",
+        60,
+        "the job completed",
+    )
+    time.sleep(2)
+    assert [len(runs(effects, step, "k")) for step in "abc"] == [1, 1, 1]
+    doc = job_document(firestore_client, firestore_collection, sub, "k")
+    assert (doc["epoch"], doc["attempts"]) == (1, 1)

@@ -21,6 +21,7 @@ import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker.push import PushApp, create_app
 from tests.support.observe import job_document, pull_now
+from tests.unit.push.tokens import AUDIENCE, SERVICE_ACCOUNT, TestKeys, verifier
 
 pytestmark = pytest.mark.emulator
 
@@ -226,3 +227,69 @@ def test_a_permanent_error_reaches_the_failure_topic_once(
         "k",
     )
     assert doc["status"] == "failed"
+
+
+def test_forged_expired_and_wrong_audience_tokens_are_refused_before_anything_is_written(
+    emulators: Emulators,
+    push_subscription: SubscriptionHandle,
+    firestore_collection: str,
+    firestore_client: Any,
+) -> None:
+    keys = TestKeys()
+    check, certs = verifier(keys)
+    runs: list[str] = []
+    settings = pubsub_worker.Settings(
+        subscription=push_subscription.subscription_path,
+        collection=firestore_collection,
+        key_attribute="op",
+        lease_seconds=10,
+        push_audience=AUDIENCE,
+        push_service_account=SERVICE_ACCOUNT,
+    )
+    app = create_app(
+        lambda message, job: runs.append(job.key),
+        settings=settings,
+        firestore_client=firestore_client,
+        verifier=check,
+    )
+    app.start()
+    old = int(time.time()) - 7200
+    refused = {
+        "none": None,
+        "forged": TestKeys(kid=keys.kid).token(),
+        "expired": keys.token(iat=old, exp=old + 3600),
+        "wrong audience": keys.token(aud="https://elsewhere.example/"),
+        "wrong account": keys.token(email="intruder@example.com"),
+    }
+
+    async def go() -> dict[str, int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
+            found = {}
+            for name, token in refused.items():
+                headers = {} if token is None else {"authorization": f"Bearer {token}"}
+                body = envelope(push_subscription, "1", op=name.replace(" ", "-"))
+                found[name] = (await client.post("/", json=body, headers=headers)).status_code
+            good = {"authorization": f"Bearer {keys.token()}"}
+            body = envelope(push_subscription, "2", op="good")
+            found["valid"] = (await client.post("/", json=body, headers=good)).status_code
+            return found
+
+    try:
+        answers = asyncio.run(go())
+    finally:
+        app.close()
+    assert answers == {
+        "none": 401,
+        "forged": 401,
+        "expired": 401,
+        "wrong audience": 401,
+        "wrong account": 403,
+        "valid": 200,
+    }
+    assert runs == ["good"]
+    stored = [
+        doc.to_dict()["key"] for doc in firestore_client.collection(firestore_collection).stream()
+    ]
+    assert stored == ["good"]  # the refused requests wrote nothing
+    assert certs.requests == 1  # the certificates were fetched once, then kept
