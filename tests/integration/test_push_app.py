@@ -19,6 +19,9 @@ import pytest
 
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
+from emulator.topology import PushSpec
+from pubsub_worker._ops.push_check import is_push, push_findings
+from pubsub_worker._support import clients
 from pubsub_worker.push import PushApp, create_app
 from tests.support.observe import job_document, pull_now
 from tests.unit.push.tokens import AUDIENCE, SERVICE_ACCOUNT, TestKeys, verifier
@@ -293,3 +296,31 @@ def test_forged_expired_and_wrong_audience_tokens_are_refused_before_anything_is
     ]
     assert stored == ["good"]  # the refused requests wrote nothing
     assert certs.requests == 1  # the certificates were fetched once, then kept
+
+
+def test_config_findings_read_a_push_subscription_from_the_emulator(
+    emulators: Emulators, make_subscription: Any, subscriber: Any
+) -> None:
+    handle: SubscriptionHandle = make_subscription(
+        exactly_once=False,
+        ack_deadline_seconds=30,
+        push=PushSpec("http://127.0.0.1:9/", no_wrapper=True, write_metadata=False),
+    )
+    settings = pubsub_worker.Settings(
+        subscription=handle.subscription_path,
+        lease_seconds=30,
+        push_verify_token=False,
+        pubsub_emulator_host=emulators.pubsub_host,
+    )
+    read = clients.read_subscription(subscriber, settings)
+    assert is_push(read)
+    found = {f.name: f.level for f in push_findings(settings, read)}
+    assert found == {
+        "subscription": "ok",
+        "payload": "problem",  # unwrapped without metadata: no message id would arrive
+        "exactly-once delivery": "ok",
+        "ack deadline": "ok",
+        "authentication": "ok",
+        "retry policy": "hint",
+        "dead-letter policy": "hint",
+    }
