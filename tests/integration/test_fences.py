@@ -17,8 +17,8 @@ time (:class:`Inbox`) and handed to the worker as the client's own
 once and are recorded with Pub/Sub's answer. Each worker (:class:`Node`) is
 an :func:`pubsub_worker.exactly_once` of its own (its own owner id, tracker
 and key gate, as a second process would have) on the real Firestore store.
-Leases are long (300 s): no lease runs out in a scenario, so only the
-fence under test is in play. This module holds the fences of the job's
+Leases are long (300 s): no lease runs out in a scenario (but the one
+whose race is a lease running out), so only the fence under test is in play. This module holds the fences of the job's
 document (claim, commit, transaction); ``test_fences_delivery.py`` those of
 a delivery (generation, durable-ack, outbox).
 """
@@ -218,11 +218,14 @@ class Inbox:
 class Node:
     """One worker (its own owner id, tracker and key gate), handed deliveries by the test."""
 
-    def __init__(self, name: str, handler: Any, world: World) -> None:
+    def __init__(self, name: str, handler: Any, world: World, **settings: Any) -> None:
         self.name = name
         self.store = HeldStore(world.firestore_client, world.settings.collection)
         self.wrapped = pubsub_worker.exactly_once(
-            handler, settings=world.settings, store=self.store, publisher=world.publisher
+            handler,
+            settings=world.settings.model_copy(update=settings),
+            store=self.store,
+            publisher=world.publisher,
         )
         self.wrapped.start(check_subscription=False)
         self._threads: list[threading.Thread] = []
@@ -265,8 +268,9 @@ class World:
     def __post_init__(self) -> None:
         self.inbox = Inbox(self.subscriber, self.subscription.subscription_path, self.status)
 
-    def node(self, name: str, handler: Any) -> Node:
-        worker = Node(name, handler, self)
+    def node(self, name: str, handler: Any, **settings: Any) -> Node:
+        """A worker running ``handler``, with the test's settings (``settings`` changed)."""
+        worker = Node(name, handler, self, **settings)
         self.nodes.append(worker)
         return worker
 

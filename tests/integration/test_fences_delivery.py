@@ -9,6 +9,7 @@ guards against is observed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -99,6 +100,48 @@ def test_a_superseded_delivery_stops_at_its_next_boundary(world: World, fenced: 
     else:
         assert world.effects == [*by_d2, ("a", "after heartbeat", 1), ("a", "charge", 1)]
         assert world.inbox.of(d1) == ["nack: INVALID_ACK_ID"]
+
+
+@TWINS
+def test_a_delivery_given_up_stops_at_its_next_boundary(world: World, fenced: bool) -> None:
+    """A job makes no progress for a whole lease (10 s here): the lease keeper gives its
+    delivery up (drops it: Pub/Sub may hand the message to another worker). Let go, the
+    handler reaches ``job.heartbeat()`` and stops there, without an ack. Without the
+    fence, the given-up delivery runs on, runs its step and acks, while the message it
+    let go of may be running elsewhere."""
+    paused = Hold()
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        paused.stop_here()
+        job.heartbeat()
+        world.effect("a", "after heartbeat", job.epoch)
+        job.step("charge", lambda: world.effect("a", "charge", job.epoch))
+
+    a = world.node("a", handle, lease_seconds=10)
+    world.publish()
+    delivery = world.inbox.next()
+    late = a.deliver(delivery)
+    paused.wait_arrived()
+    # Renewed once (the claim was progress), then given up by the lease keeper.
+    kept_then_given_up = ["deadline 10: SUCCESS", "drop: -"]
+    deadline = time.monotonic() + 3 * 10
+    while world.inbox.of(delivery) != kept_then_given_up:
+        assert time.monotonic() < deadline, world.inbox.of(delivery)
+        time.sleep(0.1)
+
+    with switched_off("generation", fenced):
+        paused.release()
+        settled(late)
+
+    assert a.wrapped.metrics.get(pubsub_worker.Counter.STALLED) == 1
+    if fenced:
+        assert world.effects == []
+        assert world.inbox.of(delivery) == [*kept_then_given_up, "drop: -"]  # never acked
+        assert world.job()["status"] == "running"  # its lease runs out; a redelivery claims it
+    else:
+        assert world.effects == [("a", "after heartbeat", 1), ("a", "charge", 1)]
+        assert world.inbox.of(delivery) == [*kept_then_given_up, "ack: SUCCESS"]
+        assert world.job()["status"] == "completed"
 
 
 # -- durable-ack: the ack only once the completion is durable ---------------------------
