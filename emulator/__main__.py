@@ -68,6 +68,8 @@ def _describe(topology: Topology, emu: Emulators) -> None:
         traits = [f"ack deadline {spec.ack_deadline_seconds} s"]
         if spec.exactly_once:
             traits.append("exactly-once")
+        if spec.push is not None:
+            traits.append(f"push to {spec.push.endpoint}")
         if spec.dead_letter:
             traits.append(
                 f"dead letter to {spec.dead_letter.topic} "
