@@ -314,7 +314,10 @@ def main() -> int:
     """Subscribe until SIGTERM or SIGINT, then stop the stream: 0; 1 if the stream failed."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonLines())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    # Configured, the client libraries' "google" logger goes on propagating to the root
+    # (left alone, google.api_core stops it and its records go out as plain text).
+    logging.getLogger("google").setLevel(logging.INFO)
     project = _env("GOOGLE_CLOUD_PROJECT")
     lease_s = int(_env("PUBSUB_WORKER_LEASE_SECONDS", "10"))
     clients = _Clients(

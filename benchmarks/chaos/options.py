@@ -61,7 +61,8 @@ class Options:
     log_dir: Path | None = None
     command: str = ""
     parallel: bool = False
-    """Run the seeds of the command line at the same time (on the same emulators)."""
+    """Run the seeds of the command line, and the library's and baseline's runs of a seed,
+    at the same time (on the same emulators)."""
     live: bool = False
     """Rewrite one progress line in place (a terminal) instead of printing lines."""
 
@@ -208,7 +209,8 @@ def parse_args(argv: Sequence[str] | None = None) -> list[Options]:
     parser.add_argument(
         "--parallel",
         action="store_true",
-        help="run the seeds at the same time rather than one after the other",
+        help="run the seeds (and with --baseline, the library's and the baseline's runs of "
+        "each seed) at the same time rather than one after the other",
     )
     parser.add_argument("--log-dir", help="keep worker logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
