@@ -78,10 +78,10 @@ class PushApp:
         with self._start_lock:
             if self._pool is not None:
                 return
-            settings = self.deliveries.start()
-            if not self._verifier_set:
-                self._verifier = verifier_for(settings)
+            if not self._verifier_set:  # its settings first: no I/O before a ConfigError
+                self._verifier = verifier_for(self.deliveries.configured())
                 self._verifier_set = True
+            settings = self.deliveries.start()
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=settings.max_messages, thread_name_prefix="pubsub-worker-push"
             )

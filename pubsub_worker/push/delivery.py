@@ -193,7 +193,7 @@ class PushDeliveries:
         """
         with self._lock:
             if self._runtime is None:
-                settings = self._settings or Settings.from_env()
+                settings = self._settings = self._settings or Settings.from_env()
                 publisher = self._publisher or clients.publisher_client(settings)
                 rt = runtime.build(
                     push_settings(settings),
@@ -206,10 +206,16 @@ class PushDeliveries:
                 )
                 runtime.check_failure_topic(rt.settings, publisher)
                 rt.checked = True
-                self._settings = settings
                 self._runtime = rt
             self._runtime.keeper.start()
             return self._runtime.settings
+
+    def configured(self) -> Settings:
+        """The settings as configured (the environment read once); nothing is built."""
+        with self._lock:
+            if self._settings is None:
+                self._settings = Settings.from_env()
+            return self._settings
 
     @property
     def started(self) -> bool:
