@@ -181,15 +181,25 @@ def test_a_server_killed_mid_step_resumes_after_the_last_recorded_step(
     effects: Effects,
     servers: Any,
 ) -> None:
+    # A 30 s deadline: the retry's request may poll the dead server's lease for 10 s and
+    # still have its whole cap (24 s) to run; with 10 s it could claim past its cap of 8 s
+    # and be released once more (correct, but another epoch).
+    sub = push_subscription.subscription_path
+    subscriber.update_subscription(
+        request={
+            "subscription": {"name": sub, "ack_deadline_seconds": 30},
+            "update_mask": {"paths": ["ack_deadline_seconds"]},
+        }
+    )
+    server_env = {**server_env, "PUBSUB_WORKER_LEASE_SECONDS": "30"}
     port = free_port()
     first = servers({**server_env, "CHAOS_KILL_AT": "step:b"}, port, "first")
-    set_push(subscriber, push_subscription.subscription_path, endpoint(port))
+    set_push(subscriber, sub, endpoint(port))
     publisher.publish(push_subscription.topic_path, b"order", op="k").result()
     effects.wait_until("killed", 1, timeout_s=60)
     first.process.wait(timeout=10)
     assert first.process.returncode == -9
     rescuer = servers(server_env, port, "rescuer")  # the retries find the same endpoint
-    sub = push_subscription.subscription_path
     wait_for(
         lambda: status(firestore_client, firestore_collection, sub, "k") == "completed",
         90,
