@@ -31,10 +31,14 @@ def claim_job(
     """The claim, when the job was claimed; otherwise what happened at the claim.
 
     Polls another owner's live lease (at most once a second) for up to
-    ``BUSY_WAIT_S`` (never past a lease, nor once jobs are asked to stop).
+    ``BUSY_WAIT_S``: never past a lease, nor past half the processing cap (a
+    push request's cap is below its lease: a claim won after the cap would only
+    be released again, an attempt spent), nor once jobs are asked to stop.
     ``redelivery``: the job's document probably exists (read it first).
     """
-    give_up = time.monotonic() + min(BUSY_WAIT_S, rt.settings.lease_seconds)
+    settings = rt.settings
+    wait_s = min(BUSY_WAIT_S, settings.lease_seconds, settings.max_processing_seconds / 2)
+    give_up = time.monotonic() + wait_s
     try:
         while True:
             if not rt.tracker.is_current(delivery):
