@@ -16,6 +16,7 @@ from emulator.bootstrap import (
     bootstrap,
     create_subscription,
     delete_subscription,
+    set_push,
 )
 from emulator.components import Components, find_components
 from emulator.docker import docker_available
@@ -33,6 +34,7 @@ from emulator.faults import TcpProxy
 from emulator.names import subscription_path, topic_path, unique_id
 from emulator.topology import (
     DeadLetterSpec,
+    PushSpec,
     RetrySpec,
     SubscriptionSpec,
     TopicSpec,
@@ -52,6 +54,7 @@ __all__ = [
     "EmulatorStartError",
     "Emulators",
     "PortInUse",
+    "PushSpec",
     "RetrySpec",
     "SubscriptionHandle",
     "SubscriptionSpec",
@@ -67,6 +70,7 @@ __all__ = [
     "find_components",
     "load_topology",
     "parse_topology",
+    "set_push",
     "start_emulators",
     "subscription_path",
     "topic_path",

@@ -51,6 +51,7 @@ from .config_report import (
     index_hints,
     ttl_command,
 )
+from .push_check import is_push, push_findings
 
 __all__ = [
     "Check",
@@ -94,18 +95,13 @@ class Check:
 
 def subscription_checks(settings: Settings, subscription: Any) -> list[Check]:
     """Judge a subscription (a ``google.pubsub_v1.types.Subscription``) against settings. Pure."""
+    if is_push(subscription):  # served by `pubsub-worker push`: its own checks
+        return [
+            Check(f.name, Level(f.level), f.detail) for f in push_findings(settings, subscription)
+        ]
     checks = []
     pb = type(subscription).pb(subscription)
-    if subscription.push_config.push_endpoint:
-        checks.append(
-            Check(
-                "subscription",
-                Level.PROBLEM,
-                f"a push subscription (to {subscription.push_config.push_endpoint}): a pull "
-                "worker receives nothing from it; use a pull subscription",
-            )
-        )
-    elif subscription.topic == "_deleted-topic_":
+    if subscription.topic == "_deleted-topic_":
         checks.append(
             Check("subscription", Level.PROBLEM, "its topic was deleted: nothing will arrive")
         )

@@ -85,6 +85,8 @@ def mask(name: str, value: Any) -> str:
     """``value`` as ``config`` may print it: secrets and URL passwords masked."""
     if value is None:
         return "(unset)"
+    if isinstance(value, bool):  # a switch, even one named for a token, is no secret
+        return str(value)
     if isinstance(value, (SecretStr, SecretBytes)) or (_SECRET_NAME.search(name) and value):
         return _MASK
     return _URL_PASSWORD.sub(lambda m: m.group("head") + _MASK, str(value))

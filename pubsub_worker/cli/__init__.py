@@ -41,6 +41,7 @@ from .config import cmd_config
 from .environment import settings_from_env
 from .jobs import (
     PAGE,
+    cmd_backfill_shards,
     cmd_failed,
     cmd_jobs_replay,
     cmd_list,
@@ -133,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     release_p.add_argument(
         "--epoch", type=int, help="release only if the job is still at this epoch"
     )
+    jobs_sub.add_parser(
+        "backfill-shards",
+        help="give documents written before the shard field their shard (once, after upgrading)",
+    )
     jreplay_p = jobs_sub.add_parser("replay", help="republish failed jobs; done steps are skipped")
     jreplay_p.add_argument("keys", nargs="*", metavar="KEY")
     jreplay_p.add_argument("--all-failed", action="store_true", help="every failed job")
@@ -156,6 +161,7 @@ _COMMANDS = {
     ("jobs", "list"): cmd_list,
     ("jobs", "release"): cmd_release,
     ("jobs", "replay"): cmd_jobs_replay,
+    ("jobs", "backfill-shards"): cmd_backfill_shards,
 }
 
 

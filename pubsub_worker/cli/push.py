@@ -32,7 +32,7 @@ from pubsub_worker.errors import ConfigError
 from pubsub_worker.push import PushApp, create_app
 from pubsub_worker.settings import Settings, cloud_run, platform_overrides
 
-from .run import _load_handler
+from .run import load_handler
 
 __all__ = ["DEFAULT_PORT", "cmd_push", "default_port"]
 
@@ -65,7 +65,7 @@ def cmd_push(args: argparse.Namespace, settings: Settings) -> int:
             cloud_run(os.environ),
             settings.shutdown_grace_seconds,
         )
-    app = create_app(_load_handler(args.handler), settings=settings)
+    app = create_app(load_handler(args.handler), settings=settings)
     app.start()  # ConfigError, Unreachable: one line, exit 2
     health = Health()
     metrics = None

@@ -24,7 +24,7 @@ from pubsub_worker._worker.runner import run, supervise
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.settings import Settings, cloud_run, platform_overrides
 
-__all__ = ["cmd_run"]
+__all__ = ["cmd_run", "load_handler"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -32,7 +32,7 @@ _STOP_MARGIN_S = 15.0
 """What a supervised process gets past its grace period before it is killed."""
 
 
-def _load_handler(spec: str) -> Any:
+def load_handler(spec: str) -> Any:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"handler {spec!r}: expected 'package.module:function'")
@@ -58,7 +58,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.processes > 1:
         return _run_processes(args, settings)
-    handler = _load_handler(args.handler)
+    handler = load_handler(args.handler)
     code = run(
         handler, settings=settings, metrics_port=args.metrics_port, metrics_host=args.metrics_host
     )

@@ -11,6 +11,7 @@ from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy, Su
 from pubsub_worker import Settings
 from pubsub_worker._ops import config_check as cc
 from pubsub_worker._ops import config_report as cr
+from pubsub_worker._ops.push_check import push_findings
 
 SUB = "projects/proj/subscriptions/sub"
 
@@ -85,21 +86,19 @@ def test_message_ordering_is_reported_next_to_exactly_once_and_is_never_a_findin
     assert (ordering.level, ordering.detail.startswith(said)) == (cc.Level.OK, True)
 
 
-@pytest.mark.parametrize(
-    ("subscription", "said"),
-    [
-        (Subscription(topic="_deleted-topic_"), "deleted"),
-        (
-            Subscription(topic="t", push_config=PushConfig(push_endpoint="https://x")),
-            "push subscription",
-        ),
-    ],
-)
-def test_a_subscription_that_delivers_nothing_to_a_pull_worker_is_a_problem(
-    subscription: Subscription, said: str
-) -> None:
-    check = cc.subscription_checks(settings(), subscription)[0]
-    assert (check.level, said in check.detail) == (cc.Level.PROBLEM, True)
+def test_a_subscription_whose_topic_was_deleted_is_a_problem() -> None:
+    check = cc.subscription_checks(settings(), Subscription(topic="_deleted-topic_"))[0]
+    assert (check.level, "deleted" in check.detail) == (cc.Level.PROBLEM, True)
+
+
+def test_a_push_subscription_is_judged_as_the_push_endpoint_serves_it() -> None:
+    subscription = Subscription(
+        name=SUB, topic="t", push_config=PushConfig(push_endpoint="https://x.example/")
+    )
+    checks = cc.subscription_checks(settings(), subscription)
+    expected = push_findings(settings(), subscription)
+    assert [(c.name, c.level.value, c.detail) for c in checks] == [tuple(f) for f in expected]
+    assert [c.name for c in checks][:2] == ["subscription", "payload"]  # not a pull's checks
 
 
 def test_secrets_and_url_passwords_are_masked() -> None:
@@ -110,6 +109,7 @@ def test_secrets_and_url_passwords_are_masked() -> None:
         "https://user:********@example.com/x"
     )
     assert cr.mask("anything", None) == "(unset)"
+    assert cr.mask("PUBSUB_WORKER_PUSH_VERIFY_TOKEN", True) == "True"  # a switch
 
 
 def test_effective_settings_say_where_each_value_came_from() -> None:
