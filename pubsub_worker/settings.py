@@ -207,6 +207,7 @@ class Settings(BaseSettings):
         error too: a typo must not silently fall back to a default.
         """
         known = {env_name(name) for name in cls.model_fields}
+        known.add("PUBSUB_WORKER_UNSAFE_DISABLE_FENCES")  # read by _support/fences, not a setting
         unknown = sorted(
             name for name in os.environ if name.startswith(ENV_PREFIX) and name not in known
         )

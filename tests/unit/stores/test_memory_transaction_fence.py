@@ -1,0 +1,47 @@
+"""The in-memory store's transaction checks the job's version, as Firestore's does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pubsub_worker._support import fences
+from pubsub_worker.stores.base import VersionConflict
+from pubsub_worker.stores.memory import MemoryJobStore
+
+
+def _stale_transaction(store: MemoryJobStore) -> tuple[Any, object]:
+    """A transaction by an owner that read version 1 after another writer made version 2."""
+    first = store.create("job", {"epoch": 1})
+    store.update("job", {("epoch",): 2}, expected=first)
+    return store.transact(
+        "job",
+        expected=first,
+        body=lambda transaction: "written",
+        changes=lambda result: {("by",): "the stale owner"},
+    )
+
+
+def test_a_transaction_on_a_stale_version_writes_nothing() -> None:
+    store = MemoryJobStore()
+    with pytest.raises(VersionConflict):
+        _stale_transaction(store)
+    snap = store.get("job")
+    assert snap is not None
+    assert snap.fields == {"epoch": 2}
+
+
+def test_with_the_transaction_fence_switched_off_the_stale_write_lands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:1")  # the switch's own guard
+    monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", "127.0.0.1:1")
+    store = MemoryJobStore()
+    with fences.disabled("transaction"):
+        result, _ = _stale_transaction(store)
+    snap = store.get("job")
+    assert snap is not None
+    assert (result, snap.fields) == ("written", {"epoch": 2, "by": "the stale owner"})
+    with pytest.raises(VersionConflict):  # the block ended: the fence is back
+        store.update("job", {("epoch",): 3}, expected=1)
