@@ -75,8 +75,8 @@ def _render_baseline(report: dict[str, Any]) -> str:
         f"{options['jobs']} jobs, the same jobs and fault schedule; a create-only Firestore "
         f"document per message id, {label}. {report['markers']} markers. Faults from "
         f"{_seconds(phases['faults_from_s'])} to {_seconds(phases['faults_over_s'])}, drained "
-        f"at {_seconds(phases['drained_s'])}. {len(kills)} kills; {unfinished} jobs a killed "
-        "worker had begun were never finished.",
+        f"at {_seconds(phases['drained_s'])}. Kills: {len(kills)}; jobs a killed worker had "
+        f"begun and nobody finished: {unfinished}.",
         "",
         "| invariant | result | counted |",
         "| --- | --- | --- |",
