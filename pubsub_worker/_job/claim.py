@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -191,20 +191,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             return Claim(kind, record, snap.version, busy_for_s=max(left_s, 0.0))
         if kind is not ClaimKind.CLAIMED:
             return Claim(kind, record, snap.version)
-        changes: dict[tuple[str, ...], Any] = {
-            (s.STATUS,): Status.RUNNING.value,
-            (s.EPOCH,): record.epoch + 1,
-            (s.OWNER,): request.owner,
-            (s.MESSAGE_ID,): request.message_id,
-            (s.DELIVERY,): request.delivery,
-            **{(name,): value for name, value in lease_fields(request.lease_s, now).items()},
-            (s.ATTEMPTS,): record.attempts + 1,
-            (s.UPDATED_AT,): now,
-            # Retention counts from the last claim, so a job still being retried is kept.
-            (s.EXPIRE_AT,): now + timedelta(seconds=request.retention_s),
-        }
-        if record.payload_sha256 is None:
-            changes[(s.PAYLOAD_SHA256,)] = request.identity.payload_sha256
+        changes = _take_over(record, snap.fields, request, now)
         try:
             version = store.update(doc_id, changes, expected=snap.version)
         except VersionConflict:
@@ -228,6 +215,29 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
         )
         return Claim(ClaimKind.CLAIMED, taken, version)
     raise StoreError(f"claim of job {doc_id} did not settle after {_MAX_ROUNDS} rounds")
+
+
+def _take_over(
+    record: JobRecord, fields: Mapping[str, Any], request: ClaimRequest, now: datetime
+) -> dict[tuple[str, ...], Any]:
+    """What a compare-and-set claim writes over ``record`` (stored as ``fields``)."""
+    changes: dict[tuple[str, ...], Any] = {
+        (s.STATUS,): Status.RUNNING.value,
+        (s.EPOCH,): record.epoch + 1,
+        (s.OWNER,): request.owner,
+        (s.MESSAGE_ID,): request.message_id,
+        (s.DELIVERY,): request.delivery,
+        **{(name,): value for name, value in lease_fields(request.lease_s, now).items()},
+        (s.ATTEMPTS,): record.attempts + 1,
+        (s.UPDATED_AT,): now,
+        # Retention counts from the last claim, so a job still being retried is kept.
+        (s.EXPIRE_AT,): now + timedelta(seconds=request.retention_s),
+    }
+    if record.payload_sha256 is None:
+        changes[(s.PAYLOAD_SHA256,)] = request.identity.payload_sha256
+    if s.SHARD not in fields:  # written before the shard field: listed from now on
+        changes[(s.SHARD,)] = s.shard_of(request.identity.doc_id)
+    return changes
 
 
 def _changes(fields: dict[str, Any]) -> dict[tuple[str, ...], Any]:
