@@ -169,6 +169,7 @@ class Baseline:
                 return
         except (gexc.GoogleAPICallError, gexc.RetryError):
             log.warning("the marker could not be read or written; nack", exc_info=True)
+            self._release(marker, token, log)  # a create that landed unanswered
             self.count("nacked")
             message.nack()
             return
@@ -179,7 +180,7 @@ class Baseline:
             return
         except Exception:  # any error: the redelivery runs the job again
             log.warning("the job failed; nack", exc_info=True)
-            self._release(marker, log)
+            self._release(marker, token, log)
             self.count("nacked")
             message.nack()
             return
@@ -216,12 +217,15 @@ class Baseline:
             self.count("marker_failed")
             log.warning("the marker could not be written; ack anyway", exc_info=True)
 
-    def _release(self, marker: Any, log: _Log) -> None:
-        """Before a nack (``before``): delete the marker, so that the redelivery runs the job."""
+    def _release(self, marker: Any, token: str, log: _Log) -> None:
+        """Before a nack (``before``): delete this delivery's marker, if it wrote one, so
+        that the redelivery runs the job (another delivery's marker is left alone)."""
         if self.variant != "before":
             return
         try:
-            marker.delete(retry=RETRY, timeout=self._clients.rpc_timeout_s)
+            snap = marker.get(retry=RETRY, timeout=self._clients.rpc_timeout_s)
+            if snap.exists and (snap.to_dict() or {}).get("token") == token:
+                marker.delete(retry=RETRY, timeout=self._clients.rpc_timeout_s)
         except (gexc.GoogleAPICallError, gexc.RetryError):
             self.count("release_failed")
             log.warning("the marker could not be deleted", exc_info=True)
@@ -239,7 +243,7 @@ class Baseline:
             ).result(timeout=PUBLISH_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - not reported: the redelivery tries again
             log.warning("the failure message could not be published; nack")
-            self._release(marker, log)
+            self._release(marker, token, log)
             self.count("nacked")
             message.nack()
             return
