@@ -334,8 +334,10 @@ def run_chaos(
     Returns the report (see :mod:`benchmarks.chaos.report`); ``report["ok"]``
     says whether every invariant held. With ``options.baseline``, each
     baseline variant runs on the same seed, after the library (at the same
-    time with ``options.parallel``), and ``report["baseline"]`` holds their
-    reports (their ``ok`` is a measurement, not part of this one's).
+    time with ``options.parallel``), ``report["baseline"]`` holds their
+    reports (their ``ok`` is a measurement, not part of this one's) and
+    ``report["comparison"]`` each run's counts by what it ran (the
+    side-by-side table's columns).
     """
     with contextlib.ExitStack() as stack:
         if emulators is None:
@@ -358,6 +360,7 @@ def run_chaos(
         else:
             report, *baseline = [_execute(o, emulators, out) for o in runs]
         report["baseline"] = baseline
+        report["comparison"] = {r["handler"]: r["tally"] for r in (report, *baseline)}
         return report
     raise AssertionError("unreachable")  # pragma: no cover
 
