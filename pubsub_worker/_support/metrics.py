@@ -9,6 +9,7 @@ application configured (without an SDK they cost nothing).
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable
 from enum import Enum
@@ -75,6 +76,23 @@ BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 """Histogram bucket bounds, in seconds (OpenTelemetry's explicit buckets, and Prometheus')."""
 
 
+def _provider_set() -> bool:
+    """Whether a meter provider (an SDK) is set: until then every instrument is a no-op.
+
+    ``opentelemetry.metrics`` keeps the provider set by ``set_meter_provider`` in a
+    module global, None until then (its proxy instruments forward to it once set).
+    Read directly, it spares a no-op call per count; if a later
+    ``opentelemetry-api`` renames it, every count is reported as before.
+    """
+    return getattr(_otel_internal, "_METER_PROVIDER", _otel_internal) is not None
+
+
+try:
+    from opentelemetry.metrics import _internal as _otel_internal
+except ImportError:  # optional dependency: Metrics has no meter then
+    _otel_internal: Any = None  # type: ignore[no-redef]
+
+
 class HistogramSnapshot:
     """Counts per bucket (cumulative bounds in :data:`BUCKETS_S`, then +Inf), sum and count."""
 
@@ -85,8 +103,7 @@ class HistogramSnapshot:
 
     def add(self, value: float) -> None:
         """Count one observation."""
-        index = next((i for i, bound in enumerate(BUCKETS_S) if value <= bound), len(BUCKETS_S))
-        self.counts[index] += 1
+        self.counts[bisect.bisect_left(BUCKETS_S, value)] += 1  # the first bound >= value
         self.sum += value
         self.count += 1
 
@@ -122,21 +139,27 @@ class Metrics:
                     explicit_bucket_boundaries_advisory=list(BUCKETS_S),
                 )
 
+    @property
+    def exporting(self) -> bool:
+        """Whether the OpenTelemetry instruments report anywhere (a meter provider is set).
+
+        Without one they are no-ops, and a caller need not build their attributes.
+        """
+        return self._meter is not None and _provider_set()
+
     def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
         """Add ``amount`` to ``counter``."""
         with self._lock:
             self._counts[counter] += amount
-        instrument = self._otel.get(counter)
-        if instrument is not None:
-            instrument.add(amount, attributes)
+        if self._meter is not None and _provider_set():
+            self._otel[counter].add(amount, attributes)
 
     def observe(self, histogram: Histogram, seconds: float, **attributes: str) -> None:
         """Record one duration in ``histogram``."""
         with self._lock:
             self._histograms[histogram].add(seconds)
-        instrument = self._otel_histograms.get(histogram)
-        if instrument is not None:
-            instrument.record(seconds, attributes)
+        if self._meter is not None and _provider_set():
+            self._otel_histograms[histogram].record(seconds, attributes)
 
     def histogram(self, histogram: Histogram) -> HistogramSnapshot:
         """A copy of one histogram's counts."""

@@ -1,8 +1,8 @@
 """OpenTelemetry spans by the messaging semantic conventions for GCP Pub/Sub.
 
 Without ``opentelemetry-api`` (``pip install 'pubsub-worker[otel]'``), or
-without an SDK configured by the application, every call here costs a
-function call and records nothing.
+without a tracer provider set by the application (an SDK), every call here
+costs a function call and records nothing: no span object is made.
 
 * **One process span per delivery.** When the Pub/Sub client's own tracing
   is on (``SubscriberClient(..., subscriber_options=SubscriberOptions(
@@ -49,14 +49,26 @@ SYSTEM = "gcp_pubsub"
 _KEY_SHOWN_BYTES = 128
 
 
+def _provider_set() -> bool:
+    """Whether a tracer provider (an SDK) is set: without one every span is a no-op.
+
+    ``opentelemetry.trace`` keeps the provider set by ``set_tracer_provider``
+    (or named by ``OTEL_PYTHON_TRACER_PROVIDER``, loaded when this module asked for
+    its tracer) in a module global, None until then. Read directly, it costs
+    an attribute lookup per delivery instead of a span object; if a later
+    ``opentelemetry-api`` renames it, spans are made as before.
+    """
+    return getattr(_trace, "_TRACER_PROVIDER", _trace) is not None
+
+
 class DeliveryTrace:
     """The process span of one delivery, and the step spans under it."""
 
     def __init__(self, message: Any, subscription: str) -> None:
         self._span: Any = None
         self._own = False
-        if _tracer is None:
-            return
+        if _tracer is None or not _provider_set():
+            return  # nothing would be recorded: no span, no attributes
         current = _trace.get_current_span()
         if getattr(message, "opentelemetry_data", None) is not None and current.is_recording():
             self._span = current  # the client's own process span: never a duplicate

@@ -47,6 +47,8 @@ def count(
         metrics.inc(counter, phase=_lost_phase(decision, renewal_lost))
     else:
         metrics.inc(counter)
+    if not log.isEnabledFor(level):
+        return  # no record: nothing to fill in
     fields: dict[str, object] = {"why": decision.why, "delay": decision.delay_s}
     if decision.outcome is Outcome.COMPLETE:
         assert job is not None
@@ -75,9 +77,13 @@ def ended(
     outcome = decision.outcome
     error_type = None if outcome.fine else decision.error_type
     trace.ended(outcome.value, error_type or outcome.lost_error_type)
+    elapsed = time.monotonic() - started
+    if not metrics.exporting:  # the attributes are for OpenTelemetry alone
+        metrics.observe(Histogram.PROCESS_DURATION, elapsed)
+        return
     metrics.observe(
         Histogram.PROCESS_DURATION,
-        time.monotonic() - started,
+        elapsed,
         **{
             "messaging.system": "gcp_pubsub",
             "messaging.destination.subscription.name": subscription,

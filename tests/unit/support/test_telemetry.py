@@ -180,3 +180,45 @@ def test_the_clients_own_process_span_is_used_not_duplicated(world: Callable[...
     (step,) = [x for x in _EXPORTER.get_finished_spans() if x.name == "step a"]
     assert step.parent is not None
     assert step.parent.span_id == span.context.span_id
+
+
+def test_without_providers_no_span_is_made_and_no_instrument_called(
+    world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before an application sets a provider, a delivery makes no span and reports nothing."""
+    import opentelemetry.metrics._internal as metrics_internal
+    import opentelemetry.trace as trace_module
+
+    from pubsub_worker._support import tracing
+    from pubsub_worker._support.metrics import Histogram
+
+    monkeypatch.setattr(trace_module, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", None)
+    made: list[str] = []
+    monkeypatch.setattr(tracing._tracer, "start_span", lambda name, **_: made.append(name))
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("a", lambda: 1)
+
+    w = world(handle)
+    instruments = w.wrapped.metrics._otel
+    for counter in list(instruments):
+        monkeypatch.setattr(instruments[counter], "add", lambda *a, **k: made.append("add"))
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert made == []
+    assert process_spans() == []
+    assert not w.wrapped.metrics.exporting
+    assert w.wrapped.metrics.histogram(Histogram.PROCESS_DURATION).count == 1  # kept in process
+
+
+def test_histogram_buckets_take_their_upper_bound() -> None:
+    from pubsub_worker._support.metrics import BUCKETS_S, HistogramSnapshot
+
+    snap = HistogramSnapshot()
+    for value in (0.0, BUCKETS_S[0], BUCKETS_S[0] + 1e-9, BUCKETS_S[-1], BUCKETS_S[-1] + 1):
+        snap.add(value)
+    assert snap.counts[0] == 2
+    assert snap.counts[1] == 1
+    assert snap.counts[len(BUCKETS_S) - 1] == 1
+    assert snap.counts[len(BUCKETS_S)] == 1
+    assert snap.count == 5
