@@ -40,14 +40,16 @@ def rpc_delta(
     members: Sequence[Member], first: str, last: str, kind: str
 ) -> dict[str, dict[str, int]]:
     """RPC calls and items of ``kind`` (pubsub or firestore) between two marks, fleet-wide."""
-    out: dict[str, dict[str, int]] = {"calls": {}, "items": {}}
+    out: dict[str, dict[str, int]] = {
+        what: {} for what in ("calls", "items", "reads", "deletes", "micros")
+    }
     for member in members:
         before, after = member.marks[first][kind], member.marks[last][kind]
-        for what in ("calls", "items"):
-            for method, value in after[what].items():
-                moved = value - before[what].get(method, 0)
+        for what, moved_by in out.items():
+            for method, value in after.get(what, {}).items():
+                moved = value - before.get(what, {}).get(method, 0)
                 if moved:
-                    out[what][method] = out[what].get(method, 0) + moved
+                    moved_by[method] = moved_by.get(method, 0) + moved
     return out
 
 
@@ -84,6 +86,16 @@ def phase_stats(
         "pubsub": pubsub,
         "firestore_rpcs_per_msg": sum(firestore["calls"].values()) / count,
         "firestore_writes_per_msg": sum(firestore["items"].values()) / count,
+        # What Firestore bills per message (one job each): writes (deletes apart), reads, deletes.
+        "billed_writes_per_msg": (
+            sum(n for m, n in firestore["items"].items() if m in ("Commit", "BatchWrite"))
+            - sum(firestore["deletes"].values())
+        )
+        / count,
+        "billed_reads_per_msg": sum(firestore["reads"].values()) / count,
+        "billed_deletes_per_msg": sum(firestore["deletes"].values()) / count,
+        # The time callers waited for Firestore's answers, per message (lone: the round trips).
+        "firestore_rpc_ms_per_msg": sum(firestore["micros"].values()) / 1000 / count,
         "pubsub_rpcs_per_msg": sum(pubsub["calls"].values()) / count,
         "consumer_cpu_s": [m.marks[last]["cpu_s"] - m.marks[first]["cpu_s"] for m in members],
         "leased_peak": [m.marks[last]["leased_peak"] for m in members],

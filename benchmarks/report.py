@@ -119,6 +119,7 @@ def summarize(
             "pubsub_rpcs_per_msg": _median(
                 _values(good, lambda r: backlog(r)["pubsub_rpcs_per_msg"])
             ),
+            **{key: _median(_values(good, _backlog_value(key))) for key in _BILLED},
             "lone_firestore_rpcs_per_msg": _median(
                 _values(good, lambda r: r["phases"]["lone"]["firestore_rpcs_per_msg"])
             ),
@@ -129,6 +130,9 @@ def summarize(
                 _values(good, lambda r: r["phases"]["lone"]["callback_ms"]["p50"])
             ),
             "lone_slot_ms": _median(_values(good, lambda r: r["phases"]["lone"]["slot_ms"]["p50"])),
+            "lone_rpc_ms": _median(
+                _values(good, lambda r: r["phases"]["lone"].get("firestore_rpc_ms_per_msg"))
+            ),
             "latency_p50_ms": _median(
                 _values(good, lambda r: r["phases"]["paced"]["latency_ms"]["p50"])
             ),
@@ -250,9 +254,11 @@ def _main_table(report: dict[str, Any]) -> list[str]:
     summary: dict[str, dict[str, Any]] = report["summary"]
     labels: dict[str, str] = report["scenarios"]
     lines = [
-        "| scenario | msg/s | vs stock, same setup | consumer CPU ms/msg | vs stock CPU "
-        "| Firestore RPCs/msg | lone: RPCs/msg | p50 / p99 latency ms | peak RSS MB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | consumer CPU ms/msg | vs stock CPU "
+        "| Firestore billed per job: writes / reads / deletes | Firestore RPCs/msg "
+        "| msg/s | vs stock, same setup | lone: RPCs/msg | lone: own ms "
+        "| p50 / p99 latency ms | peak RSS MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         failed = f" ({row['failed']} failed)" if row["failed"] else ""
@@ -265,13 +271,57 @@ def _main_table(report: dict[str, Any]) -> list[str]:
             else "-"
         )
         lines.append(
-            f"| {labels[name]}{failed} | {_range(row['msgs_per_s'])} | {ratio} "
+            f"| {labels[name]}{failed} "
             f"| {_num(row['cpu_ms_per_msg']['consumer'], 2)} | {cpu_ratio} "
-            f"| {_dash(row['firestore_rpcs_per_msg'], 2)} "
-            f"| {_dash(row['lone_firestore_rpcs_per_msg'], 1)} | {latency} "
+            f"| {_billed(row)} | {_dash(row['firestore_rpcs_per_msg'], 2)} "
+            f"| {_range(row['msgs_per_s'])} | {ratio} "
+            f"| {_dash(row['lone_firestore_rpcs_per_msg'], 1)} "
+            f"| {_num_or_dash(lone_own_ms(summary, name), 2)} | {latency} "
             f"| {_num(row['peak_rss_mb'])} |"
         )
     return lines
+
+
+_BILLED = ("billed_writes_per_msg", "billed_reads_per_msg", "billed_deletes_per_msg")
+
+
+def _backlog_value(key: str) -> Callable[[Run], float | None]:
+    """A run's backlog-phase figure ``key`` (None in a run recorded before it existed)."""
+
+    def get(run: Run) -> float | None:
+        value = run["phases"]["backlog"].get(key)
+        return None if value is None else float(value)
+
+    return get
+
+
+def lone_own_ms(summary: dict[str, dict[str, Any]], name: str) -> float | None:
+    """The wrapper's own time for a lone message, ms: what it adds besides Firestore's trips.
+
+    A lone message's median time from its callback's start to its ack's answer,
+    less the time its Firestore RPCs were waited for (per lone message) and less
+    the stock client's own median for the same (its ack's cycle, which both
+    pay). None for a stock scenario or without a lone phase.
+    """
+    row = summary[name]
+    base = summary.get(row["baseline"])
+    if base is None or base is row or row.get("lone_rpc_ms") is None:
+        return None
+    if row["lone_slot_ms"] is None or base["lone_slot_ms"] is None:
+        return None
+    return float(row["lone_slot_ms"] - row["lone_rpc_ms"] - base["lone_slot_ms"])
+
+
+def _num_or_dash(value: float | None, digits: int) -> str:
+    return "-" if value is None else _num(value, digits)
+
+
+def _billed(row: dict[str, Any]) -> str:
+    """Billed Firestore operations per job, ``writes / reads / deletes`` (``-``: no Firestore)."""
+    counts = [row.get(key) for key in _BILLED]
+    if not any(counts):
+        return "-"
+    return " / ".join(_num(count or 0.0, 2) for count in counts)
 
 
 def _time_table(report: dict[str, Any]) -> list[str]:
