@@ -88,12 +88,26 @@ class Completer:
             pool.shutdown(wait=done)
         return done
 
-    def reopen(self) -> None:
-        """Take conclusions (again, after :meth:`close`); idempotent."""
+    def reopen(self, threads: int | None = None) -> None:
+        """Take conclusions (again, after :meth:`close`); idempotent.
+
+        ``threads``: the pool's size from now on, when it opens (at least 1):
+        as many as the flow control admits, so that no finished job's
+        conclusion waits for a thread while its flow-control slot is held. A
+        pool starts a thread only when none is idle, so a large size costs
+        threads only under that load. Ignored while already open.
+        """
         with self._cond:
             if self._closed:
+                if threads is not None:
+                    self._threads = max(threads, 1)
                 self._pool = self._new_pool()
                 self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """The most conclusions run at once (the pool's size)."""
+        return self._threads
 
     @property
     def pending(self) -> int:

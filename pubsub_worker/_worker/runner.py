@@ -139,7 +139,8 @@ def _consume(
     stop: threading.Event | None,
     endpoint: MetricsServer | None,
 ) -> int:
-    wrapped.start(settings, conclude_off_thread=True)  # drained below, before the stream closes
+    # Drained below, before the stream closes; a conclusion for every message admitted.
+    wrapped.start(settings, conclude_off_thread=True, concluding_threads=settings.admitted_messages)
     stop = stop or threading.Event()
     restore = _on_stop_signals(stop)
     executor = ThreadPoolExecutor(

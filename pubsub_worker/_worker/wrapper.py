@@ -118,6 +118,7 @@ class ExactlyOnce:
         *,
         check_subscription: bool = True,
         conclude_off_thread: bool = False,
+        concluding_threads: int | None = None,
     ) -> None:
         """Read settings, build clients, check the subscription; idempotent.
 
@@ -128,6 +129,10 @@ class ExactlyOnce:
         :func:`pubsub_worker.run` does: otherwise a conclusion could send its
         ack after the client's dispatcher stopped. Without it, a callback
         returns once its message is settled, as with the stock client.
+        ``concluding_threads``: how many conclusions run at once off the
+        callback threads; by default ``MAX_MESSAGES``. Give the flow control's
+        ``max_messages``: every admitted message may be a finished job waiting
+        for its conclusion (threads are started only as that many are busy).
 
         Raises :class:`~pubsub_worker.errors.ConfigError` for bad settings, a
         subscription without exactly-once delivery (unless
@@ -155,7 +160,7 @@ class ExactlyOnce:
             self._closed = False
             rt = self._runtime
             if conclude_off_thread:
-                rt.completer.reopen()
+                rt.completer.reopen(concluding_threads)
             if check_subscription and not rt.checked:
                 subscriber = self._subscriber or clients.subscriber_client(rt.settings)
                 try:

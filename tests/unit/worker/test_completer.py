@@ -222,3 +222,35 @@ def test_a_completion_with_unsent_entries_never_holds_up_the_completers_other_jo
     assert first.outcome == "ack"
     assert w.record("a")["status"] == "completed"
     w.close()
+
+
+def test_a_completer_opened_for_the_flow_control_runs_that_many_conclusions_at_once() -> None:
+    completer = Completer(2, taking=False)
+    completer.reopen(5)  # run(): as many as its flow control admits
+    assert completer.threads == 5
+    together = threading.Barrier(5)
+    met: list[int] = []
+
+    def conclusion() -> None:
+        together.wait(10)  # breaks (an error) unless five run at once
+        met.append(1)
+
+    for _ in range(5):
+        assert completer.submit(conclusion)
+    assert completer.wait(15)
+    assert len(met) == 5
+    completer.reopen(50)  # already open: unchanged
+    assert completer.threads == 5
+    assert completer.close(5)
+
+
+def test_start_sizes_the_completer_from_the_caller() -> None:
+    w = World(one_step)  # opened by start(conclude_off_thread=True): MAX_MESSAGES threads
+    try:
+        assert w.wrapped._ensure().completer.threads == w.wrapped.settings.max_messages
+        assert w.wrapped.drain(5)
+        w.wrapped.start(check_subscription=False, conclude_off_thread=True, concluding_threads=30)
+        assert w.wrapped._ensure().completer.threads == 30
+        assert w.deliver(FakeMessage(op="k")) == "ack"
+    finally:
+        w.close()
