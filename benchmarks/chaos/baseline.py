@@ -6,7 +6,8 @@ exactly-once subscription, the ack awaited with ``ack_with_response()``,
 and a create-only Firestore document per message id (the *marker*) that a
 redelivery finds. The callback does the chaos handler's work
 (:mod:`benchmarks.chaos.handler`), with the same effects in the same
-places, so the run counts both the same way:
+places, so the run counts both the same way (each delivery first appends a
+``begin`` effect line, and a finished job a ``done`` or ``failed`` one):
 
 1. ``prepare``: sleeps ``prepare_ms``, appends a ``prepare`` effect line
    (a poison job raises :class:`PoisonJob` here instead);
@@ -151,6 +152,9 @@ class Baseline:
         key = str(message.attributes.get("job", ""))
         log = logging.LoggerAdapter(_LOGGER, {"job": key, "message_id": message.message_id})
         self.count("received")
+        # First of all, as the library's handler does on starting a delivery: a job a
+        # killed worker had begun is then every job whose marker it may have written.
+        _effect("begin", key)
         marker = self._clients.firestore.collection(self._clients.markers).document(
             message.message_id
         )
@@ -270,7 +274,6 @@ class Baseline:
     def _work(self, message: Any, key: str) -> None:
         spec = json.loads(message.data)
         clients = self._clients
-        _effect("begin", key)
         if spec.get("poison"):
             raise PoisonJob("a poison job: it can never succeed")
         time.sleep(spec["prepare_ms"] / 1000)

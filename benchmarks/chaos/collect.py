@@ -20,7 +20,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from benchmarks.chaos.compare import baseline_checks, tally
+from benchmarks.chaos.compare import Tally, baseline_checks, tally
 from benchmarks.chaos.downstream import KeyedConsumer
 from benchmarks.chaos.feeder import KEY_ATTRIBUTE
 from benchmarks.chaos.fleet import Fleet
@@ -213,19 +213,33 @@ def run_events(
     }
 
 
-def _finished(effects: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """For the baseline, which keeps no job document: what its ``done`` and ``failed``
-    effect lines say, shaped as job documents (status and time; the earliest line wins)."""
+def _finished(
+    counted: Tally,
+    output_jobs: Mapping[str, str],
+    outputs_seen: Mapping[str, float],
+    failures_seen: Mapping[str, float],
+) -> dict[str, dict[str, Any]]:
+    """For the baseline, which keeps no job document: its finished jobs shaped as job
+    documents, finished when their first output (or failure message) reached its consumer.
+
+    The same notion of finished as the tally's, so that a job a killed worker held
+    is unfinished (:func:`~benchmarks.chaos.verify.recoveries`) exactly when it is lost.
+    """
+    first: dict[str, float] = {}
+    for key, at in outputs_seen.items():
+        job = output_jobs.get(key, "")
+        first[job] = min(at, first.get(job, at))
     docs: dict[str, dict[str, Any]] = {}
-    for line in sorted(effects, key=lambda e: float(e["t"])):
-        kind = line["effect"]
-        if kind in ("done", "failed") and line["job"] not in docs:
-            at = datetime.fromtimestamp(float(line["t"]), timezone.utc)
-            status = "completed" if kind == "done" else "failed"
-            docs[str(line["job"])] = {"status": status, f"{status}_at": at}
-            if kind == "failed":
-                docs[str(line["job"])]["reason"] = "permanent"
+    for job in counted.completed:
+        docs[job] = {"status": "completed", "completed_at": _utc(first.get(job, 0.0))}
+    for job in counted.failed:
+        docs[job] = {"status": "failed", "reason": "permanent"}
+        docs[job]["failed_at"] = _utc(failures_seen.get(job, 0.0))
     return docs
+
+
+def _utc(wall: float) -> datetime:
+    return datetime.fromtimestamp(wall, timezone.utc)
 
 
 def note_redeliveries(
@@ -321,7 +335,9 @@ def account(
     )
     evidence = Evidence(
         poison=poison,
-        docs=docs if library else _finished(effects),
+        docs=docs
+        if library
+        else _finished(counted, output_jobs, outputs.first_seen_at(), failures.first_seen_at()),
         business_writes=writes,
         outputs=copies,
         output_jobs=output_jobs,

@@ -27,6 +27,7 @@ class KeyedConsumer:
     Attributes:
         copies: Messages received per key (1 is one effect; more are dropped copies).
         jobs: Per key, the ``job`` attribute of its first message.
+        first_seen: Per key, the wall time its first message was received.
         unkeyed: Messages without the key attribute.
     """
 
@@ -34,9 +35,10 @@ class KeyedConsumer:
         self._subscriber = subscriber
         self.subscription_path = subscription_path
         self.key_attribute = key_attribute
-        self._lock = threading.Lock()  # guards copies, jobs, unkeyed, _last
+        self._lock = threading.Lock()  # guards copies, jobs, first_seen, unkeyed, _last
         self.copies: Counter[str] = Counter()
         self.jobs: dict[str, str] = {}
+        self.first_seen: dict[str, float] = {}
         self.unkeyed = 0
         self._last = time.monotonic()
         self._stop = threading.Event()
@@ -74,6 +76,11 @@ class KeyedConsumer:
         with self._lock:
             return dict(self.copies), dict(self.jobs), self.unkeyed
 
+    def first_seen_at(self) -> dict[str, float]:
+        """Wall time each key's first message was received, so far."""
+        with self._lock:
+            return dict(self.first_seen)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -110,3 +117,4 @@ class KeyedConsumer:
                     continue
                 self.copies[key] += 1
                 self.jobs.setdefault(key, message.attributes.get("job", ""))
+                self.first_seen.setdefault(key, time.time())

@@ -67,7 +67,7 @@ def _render_baseline(report: dict[str, Any]) -> str:
     options, phases = report["options"], report["phases"]
     label = LABELS.get(report["handler"], report["handler"])
     kills = report["figures"]["recoveries"]
-    unfinished = sum(len(kill["unfinished"]) for kill in kills)
+    unfinished = len({job for kill in kills for job in kill["unfinished"]})
     lines = [
         f"#### Baseline, {label}, seed {report['seed']}",
         "",
