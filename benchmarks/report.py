@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.breakdown import profile_tables
 from benchmarks.scenarios import SCENARIOS
-from benchmarks.targets import evaluate
+from benchmarks.targets import evaluate, lone_own_ms
 
 __all__ = ["BEGIN", "END", "render_markdown", "summarize", "write_markdown"]
 
@@ -293,23 +293,6 @@ def _backlog_value(key: str) -> Callable[[Run], float | None]:
         return None if value is None else float(value)
 
     return get
-
-
-def lone_own_ms(summary: dict[str, dict[str, Any]], name: str) -> float | None:
-    """The wrapper's own time for a lone message, ms: what it adds besides Firestore's trips.
-
-    A lone message's median time from its callback's start to its ack's answer,
-    less the time its Firestore RPCs were waited for (per lone message) and less
-    the stock client's own median for the same (its ack's cycle, which both
-    pay). None for a stock scenario or without a lone phase.
-    """
-    row = summary[name]
-    base = summary.get(row["baseline"])
-    if base is None or base is row or row.get("lone_rpc_ms") is None:
-        return None
-    if row["lone_slot_ms"] is None or base["lone_slot_ms"] is None:
-        return None
-    return float(row["lone_slot_ms"] - row["lone_rpc_ms"] - base["lone_slot_ms"])
 
 
 def _num_or_dash(value: float | None, digits: int) -> str:
