@@ -143,6 +143,37 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session
+def model(session: nox.Session) -> None:
+    """The protocol's Promela model checked by SPIN, then the long property-test profile.
+
+    ``nox -s model`` checks every property of ``model/protocol.pml`` (docs/protocol.md);
+    ``nox -s model -- --mutants`` also checks that SPIN refutes every named mutant of the
+    protocol. Needs Debian's ``spin`` and ``gcc`` (SPIN's verifier is a C program).
+    """
+    missing = [tool for tool in ("spin", "gcc") if shutil.which(tool) is None]
+    if missing:
+        session.error(
+            f"{' and '.join(missing)} not found: the model is checked by SPIN, whose verifier "
+            "is built with gcc; install Debian's spin and gcc (apt-get install spin gcc)"
+        )
+    _install(session, "test")
+    session.run("python", "model/check.py", *session.posargs)
+    if not Path("tests/property").is_dir():
+        session.log("tests/property does not exist: the long property-test profile is skipped")
+        return
+    session.run(
+        "pytest",
+        "-n",
+        "0",
+        "tests/property",
+        "--hypothesis-profile=long",
+        "-p",
+        "no:cacheprovider",
+        env={"PYTHONFAULTHANDLER": "1"},
+    )
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Throughput and memory of the wrapper vs the stock client, in the same run."""
     _install(session, "test", "bench")
