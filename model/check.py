@@ -333,7 +333,7 @@ class Search:
     def pan_flags(self) -> list[str]:
         flags = ["-n", f"-m{MAX_DEPTH}", f"-w{HASH_BITS}"]
         if self.liveness:
-            return [*flags, "-a", "-N", "settles", *(["-f"] if self.fair else [])]
+            return [*flags, "-a", *(["-f"] if self.fair else [])]
         return flags
 
 
