@@ -222,19 +222,25 @@ class MemoryTransaction:
 
 
 def _changed(fields: dict[str, Any], changes: Changes) -> dict[str, Any]:
-    """A copy of ``fields`` with ``changes`` applied."""
-    result = copy.deepcopy(fields)
+    """A copy of ``fields`` with ``changes`` applied; ``fields`` is left as it was.
+
+    Only the maps along each changed path are copied (and the new values, deeply):
+    the rest is shared with ``fields``, which is safe because a stored document is
+    never changed in place (:meth:`MemoryJobStore.get` hands out deep copies). A
+    whole-document deep copy per write was most of this store's cost.
+    """
+    result = dict(fields)
+    fresh: set[int] = {id(result)}  # maps copied for this change, safe to write into
     for path, value in changes.items():
-        _set(result, path, copy.deepcopy(value))
-    return result
-
-
-def _set(fields: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    target = fields
-    for name in path[:-1]:
-        child = target.get(name)
-        if not isinstance(child, dict):
-            child = {}
+        target = result
+        for name in path[:-1]:
+            child = target.get(name)
+            if not isinstance(child, dict):
+                child = {}
+            elif id(child) not in fresh:
+                child = dict(child)
+            fresh.add(id(child))
             target[name] = child
-        target = child
-    target[path[-1]] = value
+            target = child
+        target[path[-1]] = copy.deepcopy(value)
+    return result

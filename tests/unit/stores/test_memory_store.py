@@ -1,4 +1,4 @@
-"""The in-memory store's transaction checks the job's version, as Firestore's does."""
+"""The in-memory store: transactions check the version, updates copy only what changes."""
 
 from __future__ import annotations
 
@@ -45,3 +45,20 @@ def test_with_the_transaction_fence_switched_off_the_stale_write_lands(
     assert (result, snap.fields) == ("written", {"epoch": 2, "by": "the stale owner"})
     with pytest.raises(VersionConflict):  # the block ended: the fence is back
         store.update("job", {("epoch",): 3}, expected=1)
+
+
+def test_an_update_changes_only_its_paths_and_shares_nothing_a_reader_can_change() -> None:
+    store = MemoryJobStore()
+    version = store.create("job", {"steps": {"a": {"result": 1}}, "epoch": 1})
+    before = store.get("job")
+    version = store.update("job", {("steps", "b", "result"): [2]}, expected=version)
+    store.update("job", {("steps", "a", "result"): 3, ("epoch",): 2}, expected=version)
+    after = store.get("job")
+    assert before is not None
+    assert after is not None
+    assert before.fields == {"steps": {"a": {"result": 1}}, "epoch": 1}
+    assert after.fields == {"steps": {"a": {"result": 3}, "b": {"result": [2]}}, "epoch": 2}
+    after.fields["steps"]["b"]["result"].append("changed by a reader")
+    again = store.get("job")
+    assert again is not None
+    assert again.fields["steps"]["b"]["result"] == [2]
