@@ -21,6 +21,7 @@ the properties, maps the model to the code and shows a trail.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -338,6 +339,24 @@ class Search:
 
 
 def run_search(search: Search, workdir: Path, label: str) -> Check:
+    """Run ``search``; a safety violation is then searched again breadth-first for its trail.
+
+    The numbers are the depth-first search's (up to its first counterexample); the trail
+    and the property it refutes are the breadth-first search's: the shortest there is.
+    (Breadth-first, pan also stores the states inside atomic sequences, so it is kept
+    for the short searches that find a counterexample.)
+    """
+    check = _search(search, workdir, label)
+    if not check.result.errors or search.liveness or search.shortest:
+        return check
+    shortest = _search(dataclasses.replace(search, shortest=True), workdir, label)
+    if not shortest.result.errors:
+        return check
+    total_s = check.total_s + shortest.total_s
+    return Check(label, check.result, shortest.story, shortest.failed, total_s)
+
+
+def _search(search: Search, workdir: Path, label: str) -> Check:
     """Build the verifier in ``workdir``, run it, and replay its trail if it found an error."""
     started = time.monotonic()
     for stale in workdir.glob("pan*"):
@@ -374,16 +393,14 @@ class Verdict:
     holds: bool
 
 
-def check_safety(
-    props: Sequence[Property], faults: int, workdir: Path, shortest: bool = False
-) -> list[Verdict]:
+def check_safety(props: Sequence[Property], faults: int, workdir: Path) -> list[Verdict]:
     """One search for all ``props``; each violated one is named, and the rest searched again."""
     verdicts: list[Verdict] = []
     left = list(props)
     while left:
         defines = (f"MAXF={faults}", *(p.macro for p in left))
         label = "safety: " + ", ".join(p.name for p in left)
-        check = run_search(Search(defines, liveness=False, shortest=shortest), workdir, label)
+        check = run_search(Search(defines, liveness=False), workdir, label)
         culprit = next((p for p in left if p.name == check.failed), None)
         if check.result.holds or culprit is None:
             verdicts += [Verdict(p, check, check.result.holds) for p in left]
@@ -396,8 +413,7 @@ def check_safety(
 def check_model(props: Sequence[Property], faults: int, fair: bool, workdir: Path) -> list[Verdict]:
     """Every property of ``props`` on the model."""
     safety = [p for p in props if not p.liveness]
-    shortest = any(p in KNOWN_WINDOWS for p in safety)
-    verdicts = check_safety(safety, faults, workdir, shortest) if safety else []
+    verdicts = check_safety(safety, faults, workdir) if safety else []
     for prop in (p for p in props if p.liveness):
         search = Search((f"MAXF={faults}",), liveness=True, fair=fair)
         check = run_search(search, workdir, f"liveness: {prop.name}")
@@ -406,10 +422,10 @@ def check_model(props: Sequence[Property], faults: int, fair: bool, workdir: Pat
 
 
 def check_mutant(mutant: Mutant, faults: int, workdir: Path) -> Check:
-    """The mutant against every safety property (shortest trail), then the liveness one."""
+    """The mutant against every safety property, then the liveness one."""
     safety = tuple(p.macro for p in PROPERTIES if not p.liveness)
     defines = (f"MAXF={faults}", mutant.macro, *safety)
-    check = run_search(Search(defines, liveness=False, shortest=True), workdir, mutant.name)
+    check = run_search(Search(defines, liveness=False), workdir, mutant.name)
     if check.result.errors:
         return check
     search = Search((f"MAXF={faults}", mutant.macro), liveness=True)

@@ -32,7 +32,7 @@
 #endif
 
 #define NOBODY  255             /* no thread, process or message */
-#define OLD     254             /* a delivery no live flow holds any more */
+#define OLD     254             /* a writer no live delivery is any more */
 #define OPW     253             /* the operator, as the last writer */
 
 /* the job's status */
@@ -96,7 +96,7 @@
 /* ------------------------------------------------- the job document */
 
 byte st = ABSENT;               /* status */
-byte dthr = NOBODY;             /* `delivery` of the running claim: the thread holding it, or OLD */
+byte dthr = NOBODY;             /* `delivery` of the running claim: the thread holding it; NOBODY: none */
 byte downer = NOBODY;           /* `owner` of the running claim: its process */
 byte dmsg = NOBODY;             /* `message_id` of the running claim */
 bit  live;                      /* the lease: update_time + lease_seconds > the reader's read time */
@@ -166,7 +166,7 @@ inline bump_epoch() {
     k = 0;
     do
     :: k < NT -> epc[k] = 0; k++
-    :: else -> break
+    :: else -> k = 0; break
     od;
     op_epc = 0
 }
@@ -178,11 +178,12 @@ inline unclaimed() {
     dmsg = NOBODY
 }
 
-/* A write of thread t lands: its staged records ride along, the lease is renewed. */
+/* A write of thread t lands: its staged records ride along, and it renews the lease of
+ * the claim's holder (with no live holder, that lease runs out at once, as when one ends). */
 inline land(t) {
     fenced(OURS(t));
     lastw = t;
-    live = 1;
+    live = (dthr != NOBODY);
     if
     :: stg[t] & S0 -> steps(!(rec & S0)); rec = rec | S0
     :: else
@@ -217,7 +218,7 @@ inline renew(t) {
     land(t)
 #else
     if
-    :: CHECK(t) -> printf("@ t%d: renews the lease\n", t); fwrite(t)
+    :: CHECK(t) -> printf("@ t%d: renews the lease\n", t); fwrite(t); ok = 0
     :: else
     fi
 #endif
@@ -402,7 +403,7 @@ end_idle:
                 fwrite(t);
                 if
                 :: !ok -> goto giveback
-                :: else
+                :: else -> ok = 0
                 fi
             :: else
             fi;
@@ -426,6 +427,7 @@ end_idle:
             fwrite(t);
             if
             :: ok ->
+                ok = 0;
                 steps(!(rec & S1));
                 rec = rec | S1;
                 obc = 1;
@@ -499,6 +501,7 @@ returned:
             fwrite(t);
             if
             :: ok ->
+                ok = 0;
                 one_completion(ncomplete == 0);
                 review_only_failed(!reviewed);
                 failed_xor_completed(st == RUNNING);
@@ -535,7 +538,7 @@ handler_error:
                 printf("@ t%d: releases the job (the attempt counted)\n", t);
                 fwrite(t);
                 if
-                :: ok -> st = RELEASED; live = 0; unclaimed(); datt = att[t]
+                :: ok -> ok = 0; st = RELEASED; live = 0; unclaimed(); datt = att[t]
                 :: else
                 fi;
                 goto giveback
@@ -564,7 +567,7 @@ release_nocount:
             printf("@ t%d: releases the job (the attempt given back)\n", t);
             fwrite(t);
             if
-            :: ok -> st = RELEASED; live = 0; unclaimed(); datt = att[t] - 1
+            :: ok -> ok = 0; st = RELEASED; live = 0; unclaimed(); datt = att[t] - 1
             :: else
             fi;
             goto giveback
@@ -579,7 +582,7 @@ review:
             printf("@ t%d: sends the job to the failure path: a fenced write\n", t);
             fwrite(t);
             if
-            :: ok -> break
+            :: ok -> ok = 0; break
             :: else -> goto giveback
             fi
           }
@@ -605,7 +608,7 @@ review:
                :: atomic {
                     fwrite(t);
                     if
-                    :: ok -> break
+                    :: ok -> ok = 0; break
                     :: else -> goto giveback
                     fi
                   }
@@ -629,6 +632,7 @@ review:
             fwrite(t);
             if
             :: ok ->
+                ok = 0;
                 failed_xor_completed(st == RUNNING);
                 st = FAILED;
                 live = 0;
