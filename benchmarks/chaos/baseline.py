@@ -325,6 +325,13 @@ def main() -> int:
     # Configured, the client libraries' "google" logger goes on propagating to the root
     # (left alone, google.api_core stops it and its records go out as plain text).
     logging.getLogger("google").setLevel(logging.INFO)
+    # The client's own threads may die on shutdown (an ack retried on a closed channel):
+    # logged as a record, not printed as a bare traceback.
+    threading.excepthook = lambda args: _LOGGER.error(
+        "thread %s ended by an exception",
+        args.thread.name if args.thread else "?",
+        exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback),
+    )
     project = _env("GOOGLE_CLOUD_PROJECT")
     lease_s = int(_env("PUBSUB_WORKER_LEASE_SECONDS", "10"))
     clients = _Clients(
