@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hypothesis import settings
 
-CI_EXAMPLES = 60
+CI_EXAMPLES = 100
 """Examples per pure property under ``ci``; the tests on the emulator run a fraction."""
 
 settings.register_profile(
