@@ -37,7 +37,7 @@ import itertools
 import math
 from datetime import datetime, timedelta, timezone
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pubsub_worker._job.claim import ClaimKind, ClaimRequest
@@ -110,7 +110,7 @@ def attempts_at(shape: str, max_attempts: int) -> int:
     }[shape]
 
 
-def reachable(happened: Happened, attempts: int) -> bool:
+def reachable(happened: Happened) -> bool:
     """Whether the flow can hand ``decide()`` this (see the module docstring)."""
     phase, error, kind = happened.phase, happened.error, happened.claim
     if phase is not Phase.CLAIM and kind is not None:
@@ -127,9 +127,14 @@ def reachable(happened: Happened, attempts: int) -> bool:
         if error is not None and kind not in (None, ClaimKind.CLAIMED):
             return False
         if kind is ClaimKind.CLAIMED and error is not None:
-            return isinstance(error, OutboxUnsent | LostOwnership) and attempts >= 1
-    has_job = phase in (Phase.RUN, *WRITES) or kind is ClaimKind.CLAIMED
-    return (attempts >= 1) if has_job else (attempts == 0)
+            return isinstance(error, OutboxUnsent | LostOwnership)  # the claimed job's start
+    return True
+
+
+def attempts_for(happened: Happened, attempts: int) -> int:
+    """The job's claim counter as the flow passes it: 0 before a claim, else at least 1."""
+    has_job = happened.phase in (Phase.RUN, *WRITES) or happened.claim is ClaimKind.CLAIMED
+    return max(attempts, 1) if has_job else 0
 
 
 def check(happened: Happened, attempts: int, max_attempts: int) -> Decision:
@@ -240,8 +245,8 @@ def test_every_finite_case_keeps_the_promises() -> None:
         happened = Happened(
             phase, error("x") if error else None, current=current, claim=kind, busy_for_s=30.0
         )
-        attempts = attempts_at(shape, max_attempts)
-        if reachable(happened, attempts):
+        attempts = attempts_for(happened, attempts_at(shape, max_attempts))
+        if reachable(happened):
             seen.add((phase, error, kind, check(happened, attempts, max_attempts).outcome))
     # None skipped by accident: every phase, exception, answer and outcome was checked.
     assert {case[0] for case in seen} == set(Phase)
@@ -250,27 +255,33 @@ def test_every_finite_case_keeps_the_promises() -> None:
     assert {case[3] for case in seen} == set(Outcome)
 
 
-@given(
-    phase=st.sampled_from(Phase),
-    error=st.none() | st.sampled_from(ERRORS).map(lambda kind: kind("drawn")),
-    kind=st.none() | st.sampled_from(ClaimKind),
-    current=st.booleans(),
-    attempts=st.integers(0, 10_000),
-    max_attempts=st.integers(1, 100),
-    busy_for_s=st.floats(min_value=0.0, allow_nan=False),
-)
+@st.composite
+def what_happened(draw: st.DrawFn) -> Happened:
+    """What the flow can hand ``decide()``: a phase, and what may end it there."""
+    phase = draw(st.sampled_from(Phase))
+    errors = st.sampled_from(ERRORS).map(lambda kind: kind("drawn"))
+    kind = draw(st.none() | st.sampled_from(ClaimKind)) if phase is Phase.CLAIM else None
+    if phase in (Phase.ORDER, Phase.GATE):
+        error = None
+    elif phase in WRITES:
+        error = draw(errors)
+    else:
+        error = draw(st.none() | errors)
+    return Happened(
+        phase,
+        error,
+        current=draw(st.booleans()),
+        claim=kind,
+        busy_for_s=draw(st.floats(min_value=0.0, allow_nan=False)),
+    )
+
+
+@given(happened=what_happened(), attempts=st.integers(0, 10_000), max_attempts=st.integers(1, 100))
 def test_the_promises_hold_for_any_attempts_setting_and_wait(
-    phase: Phase,
-    error: Exception | None,
-    kind: ClaimKind | None,
-    current: bool,
-    attempts: int,
-    max_attempts: int,
-    busy_for_s: float,
+    happened: Happened, attempts: int, max_attempts: int
 ) -> None:
-    happened = Happened(phase, error, current=current, claim=kind, busy_for_s=busy_for_s)
-    if reachable(happened, attempts):
-        check(happened, attempts, max_attempts)
+    assume(reachable(happened))
+    check(happened, attempts_for(happened, attempts), max_attempts)
 
 
 @given(max_attempts=st.integers(1, 100), error=st.sampled_from(ERRORS))
@@ -312,7 +323,7 @@ def test_a_failed_write_leads_to_at_most_one_other_write() -> None:
         WRITES, ERRORS, (True, False), (1, 3, 5)
     ):
         failed = Happened(phase, error("x"), current=current)
-        if not reachable(failed, attempts):
+        if not reachable(failed):
             continue
         then = check(failed, attempts, 5).outcome.write
         if then is None:
@@ -321,7 +332,7 @@ def test_a_failed_write_leads_to_at_most_one_other_write() -> None:
         assert then is not phase, failed
         for error2, current2 in itertools.product(ERRORS, (True, False)):
             failed_again = Happened(then, error2("y"), current=current2)
-            if reachable(failed_again, attempts):
+            if reachable(failed_again):
                 assert check(failed_again, attempts, 5).outcome.write is None, failed_again
     # Only a completion whose outbox entry could not go out is followed by a write: a release
     # (fenced like every write: it lands only while this delivery's claim is the job's).
