@@ -335,6 +335,7 @@ class JobCore(JobOwnership):
         ``count_attempt=False`` (a shutdown) gives the attempt back too.
         Raises :class:`LostOwnership` if another owner took it meanwhile.
         """
+        self._refuse_if_concluded()
         attempts = self._attempt if count_attempt else max(self._attempt - 1, 0)
         self._concluding = True
         self._doc.release(error=error, attempts=attempts)
@@ -342,11 +343,21 @@ class JobCore(JobOwnership):
 
     def fail(self, reason: str, error: str, extra: Mapping[str, Any]) -> None:
         """Record the job as failed (the failure path); raises if not the owner."""
+        self._refuse_if_concluded()
         self._concluding = True
         self._doc.fail(reason=reason, error=error, extra=extra, retention_s=self._ctx.retention_s)
         self._finished = "failed"
 
     # -- internals ----------------------------------------------------------------
+
+    def _refuse_if_concluded(self) -> None:
+        """A completed or failed job is never concluded again (nor a released one).
+
+        The flow concludes each delivery once; this keeps a second conclusion of
+        one core from writing ``failed`` over its own ``completed`` record.
+        """
+        if self._finished is not None:
+            raise RuntimeError(f"the job is already {self._finished}; it is not concluded again")
 
     def _try_publish_unsent(self) -> None:
         """Publish now if possible; a failure leaves the entry for the completion to retry."""
