@@ -87,7 +87,9 @@ class Job(BaseJob):
     def transactional_step(self, name: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(transaction)`` and record the step in the same Firestore transaction.
 
-        ``fn`` receives a ``google.cloud.firestore.Transaction``; the business
+        ``fn`` receives the store's transaction (a ``google.cloud.firestore.Transaction``;
+        on the in-memory store a :class:`~pubsub_worker.stores.memory.MemoryTransaction`
+        with the same ``get``/``create``/``set``/``update``/``delete``); the business
         writes it makes through it, the step record and the ownership check
         commit together or not at all: a stale owner's write never lands, and
         the effect happens exactly once. ``fn`` runs *inside* the transaction:

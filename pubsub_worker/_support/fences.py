@@ -15,9 +15,9 @@ fence            where, what it guards                           switched off
                  compare-and-set on the version it decided on    document it finds now
 ``commit``       ``FencedDocument.write``: the version           a write uses the document's
                  precondition of the owner's writes              current version, unchecked
-``transaction``  ``transact`` of the Firestore stores (sync and  the transaction commits
-                 async): the job's version checked in the        whatever version it reads
-                 transaction
+``transaction``  ``transact`` of every store (Firestore sync and  the transaction commits
+                 async, memory): the job's version checked in    whatever version it reads
+                 the transaction
 ``durable-ack``  ``DeliveryFlow``: the ack only once the         the ack goes out before the
                  completion is durable                           completion's write
 ``outbox``       ``JobCore.complete``: unsent outbox entries     the job completes with its
