@@ -42,7 +42,7 @@ def claim_job(
     try:
         while True:
             if not rt.tracker.is_current(delivery):
-                return Happened(Phase.CLAIM)
+                return Happened(Phase.CLAIM, current=False)  # superseded: dropped
             if rt.draining.is_set():  # the worker stops: leave the message to the next one
                 return Happened(Phase.CLAIM, error=ShuttingDown("the worker is draining"))
             result = claim(rt.store, request, exists_hint=redelivery)
