@@ -60,6 +60,9 @@ from .generations import Delivery
 
 __all__ = ["LOST_STATUSES", "LeaseKeeper", "Leased", "Ticket", "TrackedJob"]
 
+_jitter = random.Random()
+"""Jitter of retries and ticks, apart from the application's own ``random`` state."""
+
 _LOGGER = logging.getLogger(__name__)
 
 LOST_STATUSES = (AcknowledgeStatus.INVALID_ACK_ID, AcknowledgeStatus.FAILED_PRECONDITION)
@@ -293,7 +296,7 @@ class LeaseKeeper:
         future.add_done_callback(done)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._tick_s * random.uniform(0.8, 1.2)):
+        while not self._stop.wait(self._tick_s * _jitter.uniform(0.8, 1.2)):
             try:
                 self.tick()
             except Exception:  # the keeper must outlive any one bad job

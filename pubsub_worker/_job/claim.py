@@ -40,6 +40,9 @@ from .lease import lease_fields, lease_left_s, now_utc
 
 __all__ = ["Claim", "ClaimKind", "ClaimRequest", "claim", "decide"]
 
+_jitter = random.Random()
+"""Jitter of retries and ticks, apart from the application's own ``random`` state."""
+
 _LOGGER = logging.getLogger(__name__)
 _MAX_ROUNDS = 20
 
@@ -197,7 +200,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
         except VersionConflict:
             if not fences.off("claim"):
                 _LOGGER.debug("claim of %s raced another writer; deciding again", doc_id)
-                time.sleep(random.uniform(0.0, 0.02))
+                time.sleep(_jitter.uniform(0.0, 0.02))
                 continue
             # Switched off in a test: the take-over writes over whatever is there now.
             version = store.update(doc_id, changes, expected=_now(store, doc_id))

@@ -33,6 +33,9 @@ from .base import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionCo
 
 __all__ = ["FirestoreJobStore"]
 
+_jitter = random.Random()
+"""Jitter of retries and ticks, apart from the application's own ``random`` state."""
+
 _LOGGER = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -251,7 +254,7 @@ class FirestoreJobStore:
                 _LOGGER.info(
                     "Firestore %s failed (%s); retry %d in %.2f s", what, exc, tries, delay
                 )
-                time.sleep(delay * random.uniform(0.5, 1.5))
+                time.sleep(delay * _jitter.uniform(0.5, 1.5))
                 delay = min(delay * 2, 2.0)
             except gexc.GoogleAPICallError as exc:
                 raise StoreError(f"Firestore {what} failed: {exc}") from exc
