@@ -210,7 +210,7 @@ def index(fields: tuple[cr.IndexField, ...], index_id: str = "CICAgOjXh4EK") -> 
 
 
 def setup_checks(admin: Any) -> list[cc.Check]:
-    settings_ = Settings(subscription=SUB, collection="jobs", lease_seconds=60)
+    settings_ = Settings(subscription=SUB, project="proj", collection="jobs", lease_seconds=60)
     return cc._firestore_setup(settings_, admin)
 
 

@@ -27,7 +27,13 @@ def subscription(**push: Any) -> Any:
 
 
 def settings(**values: Any) -> Settings:
-    base: dict[str, Any] = {"subscription": SUB, "lease_seconds": 60}
+    base: dict[str, Any] = {
+        "subscription": SUB,
+        "lease_seconds": 60,
+        # Real Pub/Sub unless a test says otherwise, whatever the environment running it says.
+        "pubsub_emulator_host": None,
+        "firestore_emulator_host": None,
+    }
     return Settings(**{**base, **values})
 
 
