@@ -4,7 +4,10 @@ A job that keeps failing (``MAX_ATTEMPTS`` claims), raises
 :class:`~pubsub_worker.errors.PermanentError`, or a message that cannot
 become a job (missing key attribute, a key reused for another payload) is
 sent here instead of being retried forever. The order is fixed so that
-nothing is lost on a crash and a stale owner publishes nothing:
+nothing is lost on a crash and an owner already stale publishes nothing
+(one that loses the job after step 1, while it publishes, can still send a
+failure message whose record 4 is then refused: the known window of
+docs/protocol.md, which the protocol's model finds):
 
 1. for a claimed job, a fenced write of its document (conditioned on this
    owner's version, like every write of the owner; it renews the Firestore
@@ -123,11 +126,12 @@ class FailurePath:
         in the record, for the replay), and the record is written only if this
         owner still holds the job. A stale owner gets
         :class:`~pubsub_worker.errors.LostOwnership` and publishes nothing for
-        review. Without ``job``, a separate record keyed by the message id is
-        created. Raises :class:`~pubsub_worker.errors.FailurePathUnavailable`
-        when the message can be neither published for review nor kept in its
-        record; any error of the publish or the write propagates (nothing is
-        acked).
+        review (one that loses the job after that write can still publish it:
+        docs/protocol.md, "A known window"). Without ``job``, a separate record
+        keyed by the message id is created. Raises
+        :class:`~pubsub_worker.errors.FailurePathUnavailable` when the message
+        can be neither published for review nor kept in its record; any error
+        of the publish or the write propagates (nothing is acked).
         """
         log = job_logger(_LOGGER, key or "?", message_id)
         unsent = self._own_and_flush(job, log) if job is not None else 0
