@@ -81,14 +81,16 @@ def tests(session: nox.Session) -> None:
     """The whole suite against the real emulators (started by the emulator package).
 
     Four pytest workers by default (``-n 0`` for one process): the crash-window
-    tests mostly wait for leases to lapse, so they overlap well even on two cores.
+    tests mostly wait for leases to lapse, so they overlap well even on two cores;
+    an idle worker takes queued tests from a busy one (``--dist worksteal``), so the
+    long chaos tests do not queue behind each other on one worker.
     Each worker starts its own pair of emulators.
     """
     _install(session, "test")
     parallel = (
         []
         if any(arg.startswith(("-n", "--numprocesses")) for arg in session.posargs)
-        else ["-n", "4"]
+        else ["-n", "4", "--dist", "worksteal"]
     )
     session.run(
         "pytest",
@@ -137,9 +139,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library, emulator harness, samples, benchmarks and tests."""
+    """mypy --strict on the library, emulator harness, samples, benchmarks, model driver, tests."""
     _install(session, "typecheck")
-    session.run("mypy", "--strict", "pubsub_worker", "emulator", "samples", "benchmarks", "tests")
+    session.run(
+        "mypy", "--strict", "pubsub_worker", "emulator", "samples", "benchmarks", "model", "tests"
+    )
 
 
 @nox.session
