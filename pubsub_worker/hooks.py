@@ -30,6 +30,11 @@ class Hooks:
     def after_publish(self, key: str, step: str, entry_id: str) -> None:
         """An outbox entry was published; its ``sent`` mark is not yet committed."""
 
+    def before_review(self, key: str | None, message_id: str) -> None:
+        """A message goes to the failure path: a job's owner has just confirmed it holds the job
+        (and published its unsent outbox entries); nothing is recorded or published for review
+        yet."""
+
     def before_ack(self, key: str | None, message_id: str) -> None:
         """The job's record is final and durable; the ack is about to be sent."""
 

@@ -1,40 +1,50 @@
-"""The reviewed failure path: a failure topic plus a ``failed`` record.
+"""The reviewed failure path: a ``failed`` record plus a failure topic.
 
 A job that keeps failing (``MAX_ATTEMPTS`` claims), raises
 :class:`~pubsub_worker.errors.PermanentError`, or a message that cannot
 become a job (missing key attribute, a key reused for another payload) is
-sent here instead of being retried forever. The order is fixed so that
-nothing is lost on a crash and an owner already stale publishes nothing
-(one that loses the job after step 1, while it publishes, can still send a
-failure message whose record 4 is then refused: the known window of
-docs/protocol.md, which the protocol's model finds):
+sent here instead of being retried forever. For a claimed job the order is
+fixed so that nothing is lost on a crash and a failure message goes out only
+for a job whose failed record is durable (docs/protocol.md, property
+``review-only-failed``, which the protocol's model checks):
 
-1. for a claimed job, a fenced write of its document (conditioned on this
-   owner's version, like every write of the owner; it renews the Firestore
-   lease): if another owner claimed the job meanwhile (or a replay reset it),
+1. a fenced write of its document (conditioned on this owner's version, like
+   every write of the owner; it renews the Firestore lease): if another owner
+   claimed the job meanwhile (or a replay reset it),
    :class:`~pubsub_worker.errors.LostOwnership` is raised here, before
    anything is published, and the new owner alone decides the job's fate;
-2. for a claimed job, publish its committed outbox entries not sent yet
-   (their steps committed: the effect happened), with their effect keys,
-   and mark them sent, in a second fenced write when any went out. An
-   entry that still cannot be published is not an error here: it stays
-   unsent in the failed record (``pubsub-worker jobs show`` lists it) and is
-   published when the job is replayed, by the claim of the replayed
-   message, before its handler runs;
-3. publish the original data and attributes, plus the reason, to
-   ``FAILURE_TOPIC`` (when configured) and wait for the publish;
-4. write the ``failed`` record (fenced by the epoch for a claimed job), with
-   the original data when it fits, so ``pubsub-worker replay`` can revive it;
-5. only then ack the message.
+2. publish its committed outbox entries not sent yet (their steps committed:
+   the effect happened), with their effect keys, and mark them sent, in a
+   second fenced write when any went out. An entry that still cannot be
+   published is not an error here: it stays unsent in the failed record
+   (``pubsub-worker jobs show`` lists it) and is published when the job is
+   replayed, by the claim of the replayed message, before its handler runs;
+3. write the ``failed`` record, fenced like 1, with the original data when it
+   fits (so ``pubsub-worker replay`` can revive it) and, when a failure
+   message follows, ``review: pending``. An owner that lost the job since 1
+   (a pause past its lease) is refused here and publishes nothing; once this
+   write lands, no claim takes the job (only a replay revives it);
+4. publish the original data and attributes, plus the reason, to
+   ``FAILURE_TOPIC`` and wait for the publish;
+5. mark the record ``review: sent``, conditioned on the version of 3 (refused
+   only if another delivery marked it first or a replay reset the job);
+6. only then ack the message.
 
-A crash after an entry went out in 2 but before its mark was written
-publishes it again on the redelivery, with the same effect key (a consumer
-keyed on it drops the copy); a crash between 3 and 4 publishes the failure
-again on the redelivery (the failure message carries the key, so a reviewer
-sees the duplicate); a crash between 4 and 5 acks on the redelivery without
-publishing again. If a write of 1, 2 or 4 or the publish of 3 fails, the
-message is not acked: it comes back after a backoff (or, ownership lost, it
-is left to the new owner).
+A delivery whose claim finds the job failed with its review pending (its
+owner crashed, or its publish failed, between 3 and 5) publishes the failure
+message itself, marks it sent and acks (:meth:`FailurePath.publish_pending`);
+if that publish fails the message comes back after a backoff. So a crash
+between 4 and 5 publishes the failure message again (it carries the key and
+message id: a reviewer sees the duplicate), and a crash between 5 and 6 acks
+on the redelivery without publishing again. A crash after an entry went out
+in 2 but before its mark was written publishes it again, with the same effect
+key. If a write of 1, 2 or 3 or the publish of 4 fails, the message is not
+acked: it comes back after a backoff (or, ownership lost, it is left to the
+new owner).
+
+A message that never became a job has no owner to lose: its failure message
+is published first, then its ``failed`` record is created under its message id
+(a redelivery finds the record and publishes nothing new but the duplicate).
 
 **Production's limits.** The failure message carries the library's
 ``pubsub_worker_*`` attributes plus as many of the original attributes as
@@ -68,9 +78,17 @@ from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
-from pubsub_worker.errors import FailurePathUnavailable, OutboxUnsent
+from pubsub_worker.errors import FailurePathUnavailable, OutboxUnsent, StoreError
+from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import AlreadyExists, JobStore, Status
+from pubsub_worker.stores.base import (
+    AlreadyExists,
+    JobRecord,
+    JobStore,
+    Status,
+    Version,
+    VersionConflict,
+)
 
 from .keys import display, document_id
 from .lease import now_utc
@@ -98,8 +116,10 @@ class FailurePath:
         metrics: Metrics,
         retention_s: float,
         io_timeout_s: float,
+        hooks: Hooks | None = None,
     ) -> None:
         self._store = store
+        self._hooks = hooks if hooks is not None else Hooks()
         self._subscription = subscription
         self._publish = publish
         self._topic = failure_topic
@@ -118,34 +138,30 @@ class FailurePath:
         error: str,
         job: JobCore | None,
     ) -> None:
-        """Publish for review, record ``failed``; the caller acks after this returns.
+        """Record ``failed``, publish for review; the caller acks after this returns.
 
-        With ``job`` the record is the job's own document: ownership is
-        confirmed by a fenced write before anything is published, the job's
-        unsent outbox entries are published (those that still fail stay unsent
-        in the record, for the replay), and the record is written only if this
-        owner still holds the job. A stale owner gets
+        With ``job`` the record is the job's own document, written only while
+        this owner holds the job, and the failure message goes out after it
+        (steps 1 to 5 of the module docstring): a stale owner gets
         :class:`~pubsub_worker.errors.LostOwnership` and publishes nothing for
-        review (one that loses the job after that write can still publish it:
-        docs/protocol.md, "A known window"). Without ``job``, a separate record
-        keyed by the message id is created. Raises
-        :class:`~pubsub_worker.errors.FailurePathUnavailable` when the message
-        can be neither published for review nor kept in its record; any error
-        of the publish or the write propagates (nothing is acked).
+        review. Without ``job``, the failure message goes out first, then a
+        separate record keyed by the message id is created. Raises
+        :class:`~pubsub_worker.errors.FailurePathUnavailable` (nothing written)
+        when the message can be neither published for review nor kept in its
+        record; any error of the publish or the writes propagates (nothing is
+        acked).
         """
         log = job_logger(_LOGGER, key or "?", message_id)
         unsent = self._own_and_flush(job, log) if job is not None else 0
+        self._hooks.before_review(key, message_id)
         room = job.document_room if job is not None else STEPS_BUDGET_BYTES
         stored = len(data) <= min(MAX_STORED_DATA_BYTES, room)
-        published = False
+        review = None
         if self._topic is not None:
             review = self.review_message(
                 message_id, data, attributes, key, reason, error, job.attempt if job else 0
             )
-            if review is not None:
-                self._publish(self._topic, data, review).result(timeout=self._io_timeout_s)
-                published = True
-        if not published and not stored:
+        if review is None and not stored:
             raise FailurePathUnavailable(
                 f"message {message_id} ({len(data)} bytes) cannot be kept in its failed record "
                 f"(room {min(MAX_STORED_DATA_BYTES, room)} bytes) and "
@@ -164,10 +180,18 @@ class FailurePath:
         }
         if left_out:
             extra[s.ERROR] = f"{error} ({left_out} original attribute(s) too large to keep)"
+        recorded_error = extra.pop(s.ERROR, error)
         if job is not None:
-            job.fail(reason, extra.pop(s.ERROR, error), extra)
+            if review is not None:
+                extra[s.REVIEW] = s.Review.PENDING.value
+            job.fail(reason, recorded_error, extra)  # fenced: a stale owner stops here
+            if review is not None:
+                self._publish_review(data, review)
+                self._mark_sent(job.identity.doc_id, job.document.version, log)
         else:
-            self._record_rejected(message_id, key, reason, extra.pop(s.ERROR, error), extra)
+            if review is not None:
+                self._publish_review(data, review)
+            self._record_rejected(message_id, key, reason, recorded_error, extra)
         self._metrics.inc(Counter.FAILED, reason=reason)
         log.error("sent to the failure path (%s): %s", reason, error)
         if unsent:
@@ -177,6 +201,70 @@ class FailurePath:
                 unsent,
                 "y" if unsent == 1 else "ies",
             )
+
+    def publish_pending(
+        self,
+        *,
+        message_id: str,
+        data: bytes,
+        attributes: Mapping[str, str],
+        key: str,
+        doc_id: str,
+        record: JobRecord,
+        version: Version | None,
+    ) -> None:
+        """Publish the failure message of a job found failed with its review pending.
+
+        Called by a delivery whose claim found the job so (the delivery that
+        failed it stopped between its failed record and the publish); the
+        message is this delivery's own copy of the job's message. The record
+        is then marked ``review: sent``. A publish error propagates: the caller
+        does not ack, and the message comes back after a backoff.
+        """
+        log = job_logger(_LOGGER, key, message_id)
+        review = None
+        if self._topic is not None:
+            review = self.review_message(
+                message_id,
+                data,
+                attributes,
+                key,
+                record.reason or "error",
+                record.error or "",
+                record.attempts,
+            )
+        if review is None:
+            log.warning(
+                "the failed job's failure message is pending, but %s; acked without it",
+                "it does not fit a failure message"
+                if self._topic
+                else "PUBSUB_WORKER_FAILURE_TOPIC is not set",
+            )
+            return
+        self._publish_review(data, review)
+        self._mark_sent(doc_id, version, log)
+        log.warning("published the failed job's pending failure message (%s)", record.reason)
+
+    def _publish_review(self, data: bytes, review: Mapping[str, str]) -> None:
+        assert self._topic is not None
+        self._publish(self._topic, data, review).result(timeout=self._io_timeout_s)
+
+    def _mark_sent(self, doc_id: str, version: Version | None, log: JobLogger) -> None:
+        """Step 5: ``review: sent``, conditioned on the failed record's version.
+
+        Refused, another delivery marked it or a replay reset the job: nothing
+        to do. A store error is logged, not raised: the failure message went
+        out and the message is acked; a later delivery (only if the ack is lost)
+        would publish it again.
+        """
+        if version is None:
+            return
+        try:
+            self._store.update(doc_id, {(s.REVIEW,): s.Review.SENT.value}, expected=version)
+        except VersionConflict:
+            log.debug("the failure message's mark was written by another delivery, or replayed")
+        except StoreError as exc:
+            log.warning("failure message published; its record still says pending: %s", exc)
 
     @staticmethod
     def _own_and_flush(job: JobCore, log: JobLogger) -> int:

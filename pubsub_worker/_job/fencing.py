@@ -89,6 +89,12 @@ class FencedDocument:
             return any(path[: len(prefix)] == prefix for path in self._pending)
 
     @property
+    def version(self) -> Version | None:
+        """The version our last write returned; None while a refused write is being settled."""
+        with self._lock:
+            return self._version
+
+    @property
     def written_at(self) -> float:
         """``time.monotonic()`` of our last write (the claim's, at first): the lease's renewal."""
         return self._last_write

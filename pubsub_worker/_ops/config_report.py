@@ -200,6 +200,7 @@ EXEMPT_FIELDS: dict[str, str] = {
     s.TRACE_PARENT: _UNQUERIED,
     s.WRITE_ID: _UNQUERIED,
     s.SHARD: "only in the composite indexes",
+    s.REVIEW: _UNQUERIED,
 }
 """Every other field of the layout, exempt from single-field indexing, and why."""
 

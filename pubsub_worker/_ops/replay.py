@@ -297,6 +297,7 @@ def _replay_one(
         (s.LEASE_EXPIRES_AT,): None,
         (s.REPLAYED_AT,): now,
         (s.UPDATED_AT,): now,
+        (s.REVIEW,): None,  # the replayed job's own failure, if any, is reviewed afresh
     }
     if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
         reset[(s.SHARD,)] = s.shard_of(job.doc_id)

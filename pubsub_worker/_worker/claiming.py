@@ -4,12 +4,17 @@
 and otherwise what happened, which the delivery's flow concludes
 (:meth:`~pubsub_worker._worker.flow.DeliveryFlow.conclude`): superseded,
 draining, busy for too long, the store down, or a job that is done already
-or whose key was used for another payload.
+or whose key was used for another payload. A job found failed with its
+failure message still pending has that message published here first
+(:meth:`~pubsub_worker._job.failure.FailurePath.publish_pending`): the
+delivery acks only once it is out.
 """
 
 from __future__ import annotations
 
 import time
+
+from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
@@ -26,7 +31,12 @@ BUSY_WAIT_S = 10.0
 
 
 def claim_job(
-    rt: Runtime, request: ClaimRequest, *, delivery: Delivery, redelivery: bool
+    rt: Runtime,
+    request: ClaimRequest,
+    *,
+    message: Message,
+    delivery: Delivery,
+    redelivery: bool,
 ) -> Claim | Happened:
     """The claim, when the job was claimed; otherwise what happened at the claim.
 
@@ -56,6 +66,20 @@ def claim_job(
             time.sleep(min(max(wait_s, 0.05), 1.0))
     except Exception as exc:  # noqa: BLE001 - StoreError or worse: the message comes back
         return Happened(Phase.CLAIM, error=exc)
+    if result.record is not None and result.record.review_pending:
+        try:
+            rt.failure.publish_pending(
+                message_id=message.message_id,
+                data=message.data,
+                attributes=message.attributes,
+                key=request.identity.key,
+                doc_id=request.identity.doc_id,
+                record=result.record,
+                version=result.version,
+            )
+        except Exception as exc:  # noqa: BLE001 - the failure message first: the message comes back
+            rt.metrics.inc(Counter.FAILURE_PATH_ERRORS)
+            return Happened(Phase.CLAIM, error=exc)
     if result.kind is not ClaimKind.CLAIMED:
         return Happened(Phase.CLAIM, claim=result.kind)
     return result

@@ -237,7 +237,9 @@ class DeliveryFlow:
             trace_parent=self.trace.trace_parent(),
         )
         redelivery = seen or (message.delivery_attempt or 1) > 1
-        got = claim_job(rt, request, delivery=self._delivery, redelivery=redelivery)
+        got = claim_job(
+            rt, request, message=message, delivery=self._delivery, redelivery=redelivery
+        )
         if isinstance(got, Happened):
             self.conclude(got)
             return None

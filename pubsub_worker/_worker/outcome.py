@@ -19,7 +19,8 @@ only code in the library that acks, nacks, defers or drops a Pub/Sub message.
                key deferred or released here
     gate       key busy in this process too long     DEFER
     claim      worker draining (not claimed)         NACK
-               completed / failed already            ACK
+               completed / failed already            ACK (a failed job's pending
+                                                     failure message published first)
                payload conflict                      REVIEW
                another owner's live lease            DEFER (until it ends)
                store unavailable                     DEFER (backoff)
@@ -91,7 +92,7 @@ class Outcome(str, Enum):
     """Not the job's fault (shutdown, an outbox entry not sent yet): release without counting
     the attempt; nack (after ``delay_s``)."""
     REVIEW = "review"
-    """The reviewed failure path: publish for review, record ``failed``, then ack."""
+    """The reviewed failure path: record ``failed`` (fenced), publish for review, then ack."""
     ACK = "ack"
     """The job's record is final already (completed, or failed and reviewed): ack only."""
     NACK = "nack"

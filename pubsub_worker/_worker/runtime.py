@@ -127,6 +127,7 @@ def build(
         metrics=metrics,
         retention_s=retention_s,
         io_timeout_s=settings.ack_timeout_seconds,
+        hooks=hooks,
     )
     return Runtime(
         settings=settings,

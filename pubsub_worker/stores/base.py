@@ -90,6 +90,7 @@ __all__ = [
     "PAYLOAD_SHA256",
     "REASON",
     "REPLAYED_AT",
+    "REVIEW",
     "SHARD",
     "SHARDS",
     "STATUS",
@@ -103,6 +104,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "OutboxEntry",
+    "Review",
     "Snapshot",
     "Status",
     "StepRecord",
@@ -138,6 +140,8 @@ EXPIRE_AT = "expire_at"
 TRACE_PARENT = "trace_parent"
 WRITE_ID = "write_id"
 SHARD = "shard"
+REVIEW = "review"
+"""A failed job's failure message, a :class:`Review` value; absent without a failure topic."""
 
 SHARDS = 16
 """Values of :data:`SHARD`. ``jobs list`` asks for all of them in one ``in`` filter (Firestore
@@ -168,6 +172,15 @@ class Status(str, Enum):
     """Done; a redelivery is acked without running anything."""
     FAILED = "failed"
     """In the reviewed failure path; a redelivery is acked. ``pubsub-worker replay`` revives it."""
+
+
+class Review(str, Enum):
+    """Where a failed job's failure message stands (field :data:`REVIEW`)."""
+
+    PENDING = "pending"
+    """The failed record is written; the failure message is not published yet."""
+    SENT = "sent"
+    """The failure message is published."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +247,13 @@ class JobRecord:
     replayed_at: datetime | None = None
     trace_parent: str | None = None
     """The first delivery's span context (W3C ``traceparent``), linked by later ones."""
+    review: str | None = None
+    """A failed job's failure message: ``pending`` (recorded, not yet published) or ``sent``."""
+
+    @property
+    def review_pending(self) -> bool:
+        """Failed, and its failure message is still to be published."""
+        return self.status is Status.FAILED and self.review == Review.PENDING.value
 
     @classmethod
     def parse(cls, fields: Mapping[str, Any]) -> JobRecord:
@@ -276,6 +296,7 @@ class JobRecord:
             failed_at=fields.get(FAILED_AT),
             replayed_at=fields.get(REPLAYED_AT),
             trace_parent=fields.get(TRACE_PARENT),
+            review=fields.get(REVIEW),
         )
 
 

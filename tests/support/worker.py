@@ -17,7 +17,9 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     error whose message holds a file name with a lone surrogate),
                     ``permanent_in_step`` (step ``a`` raises ``PermanentError``),
                     ``outbox_permanent`` (step ``produce`` publishes to ``CHAOS_OUTPUT_TOPIC``,
-                    then, past the gate ``before_raise``, ``PermanentError``)
+                    then, past the gate ``before_raise``, ``PermanentError``),
+                    ``permanent_first`` (step ``a``, then ``PermanentError`` at epoch 1 and
+                    step ``b`` at any later epoch)
 ``CHAOS_KILL_AT``   SIGKILL this process once (a marker file remembers) at a named point
                     (through the library's :class:`~pubsub_worker.hooks.Hooks`):
                     ``step:NAME`` inside step NAME; ``before_ack`` after the completion
@@ -33,8 +35,10 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``legacy``)
 ``CHAOS_GATES``     comma-separated points (``step:NAME``, ``end`` after the last step of
                     ``steps``, ``before_ack`` after the completion record, before the ack:
-                    on the completer, the callback thread free) where this worker holds, once per
-                    test, until the test releases it (:mod:`tests.support.gate`)
+                    on the completer, the callback thread free; ``before_review`` in the
+                    failure path, ownership confirmed, nothing recorded or published yet)
+                    where this worker holds, once per test, until the test releases it
+                    (:mod:`tests.support.gate`)
 ``CHAOS_STORE``     ``plain`` (``FirestoreJobStore``) or ``batching``
                     (``BatchingFirestoreJobStore``) instead of the wrapper's default store, built
                     with ``CHAOS_STORE_RPC_TIMEOUT_S`` (default 10) as its per-RPC timeout, so a
@@ -115,6 +119,10 @@ class ChaosHooks(Hooks):
     def after_publish(self, key: str, step: str, entry_id: str) -> None:
         maybe_die("after_publish")
 
+    def before_review(self, key: str | None, message_id: str) -> None:
+        if "before_review" in GATES:
+            gate.hold(EFFECTS, "before_review")
+
     def before_ack(self, key: str | None, message_id: str) -> None:
         maybe_die("before_ack")
         if "before_ack" in GATES:
@@ -167,6 +175,14 @@ def handle_always_fail(message: Any, job: pubsub_worker.Job) -> None:
 def handle_permanent(message: Any, job: pubsub_worker.Job) -> None:
     effect("attempt", job.key, job.epoch, attempt=job.attempt)
     raise pubsub_worker.PermanentError("payload can never be processed")
+
+
+def handle_permanent_first(message: Any, job: pubsub_worker.Job) -> None:
+    _step(job, "a")
+    if job.epoch == 1:
+        effect("raise", job.key, job.epoch)
+        raise pubsub_worker.PermanentError("payload can never be processed (at epoch 1)")
+    _step(job, "b")
 
 
 def handle_outbox(message: Any, job: pubsub_worker.Job) -> None:
@@ -331,6 +347,7 @@ HANDLERS: dict[str, Callable[..., None]] = {
     "fail_surrogate": handle_fail_surrogate,
     "permanent_in_step": handle_permanent_in_step,
     "outbox_permanent": handle_outbox_permanent,
+    "permanent_first": handle_permanent_first,
 }
 
 

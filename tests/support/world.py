@@ -118,11 +118,15 @@ class World:
     """A wrapper around ``handler`` on a fresh store, publisher and settings."""
 
     def __init__(
-        self, handler: Callable[..., Any], store: FlakyStore | None = None, **settings: Any
+        self,
+        handler: Callable[..., Any],
+        store: FlakyStore | None = None,
+        hooks: Hooks | None = None,
+        **settings: Any,
     ) -> None:
         self.store = store or FlakyStore()
         self.publisher = FakePublisher()
-        self.hooks = Hooks()
+        self.hooks = hooks if hooks is not None else Hooks()
         options = {
             "subscription": SUB,
             "key_attribute": "op",
@@ -136,6 +140,7 @@ class World:
             settings=pubsub_worker.Settings(**options),
             store=self.store,
             publisher=self.publisher,
+            hooks=self.hooks,
         )
         self.wrapped.start(check_subscription=False, conclude_off_thread=True)
 

@@ -46,7 +46,7 @@ def _polls(monkeypatch: pytest.MonkeyPatch, *, lease_s: int, cap_s: int) -> tupl
         store=None,
     )
     start = clock.now
-    got = claiming.claim_job(rt, request=None, delivery=None, redelivery=False)  # type: ignore[arg-type]
+    got = claiming.claim_job(rt, request=None, message=None, delivery=None, redelivery=False)  # type: ignore[arg-type]
     assert isinstance(got, Happened)
     assert got.claim is ClaimKind.BUSY
     return len(claims), clock.now - start

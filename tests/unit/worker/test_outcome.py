@@ -496,11 +496,12 @@ def test_a_failure_path_that_fails_defers_and_loses_nothing(world: Callable[...,
     w.publisher.fail[FAILURES] = NotFound("topic deleted")  # type: ignore[no-untyped-call]
     message = FakeMessage(op="k")
     assert w.deliver(message) == "defer"
-    assert w.record()["status"] == "running"  # not failed, not lost: it comes back
+    # Recorded failed (it never runs again), its failure message pending: it comes back.
+    assert (w.record()["status"], w.record()["review"]) == ("failed", "pending")
     assert w.wrapped.metrics.get(pubsub_worker.Counter.FAILURE_PATH_ERRORS) == 1
     del w.publisher.fail[FAILURES]
     assert w.deliver(FakeMessage(op="k")) == "ack"
-    assert w.record()["status"] == "failed"
+    assert (w.record()["status"], w.record()["review"]) == ("failed", "sent")
     assert len(w.reviews()) == 1
 
 

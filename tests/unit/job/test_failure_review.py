@@ -1,0 +1,231 @@
+"""The failure path's order, on the in-memory store: the failed record, then the review.
+
+A claimed job's failed record is written (fenced, ``review: pending``)
+before its failure message is published, then marked ``review: sent``. So
+an owner that lost the job before that write publishes nothing for review
+(the window the protocol's model found in the old order: publish, then
+record), and a delivery that finds the job failed with its review pending
+publishes the failure message before it acks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from google.api_core.exceptions import NotFound
+
+import pubsub_worker
+from pubsub_worker._job.keys import document_id
+from pubsub_worker._job.lease import now_utc
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
+from pubsub_worker.errors import PermanentError
+from pubsub_worker.hooks import Hooks
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobRecord
+from tests.support.world import FAILURES, SUB, FakeMessage, World, world
+
+__all__ = ["world"]
+
+DOC = document_id(SUB, "k")
+
+
+class Counting:
+    """A handler that raises ``PermanentError`` on every run, and counts its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, message: Any, job: pubsub_worker.Job) -> None:
+        self.runs += 1
+        raise PermanentError("never")
+
+
+class TakenOver(Hooks):
+    """At the failure path, another worker claims the job: the owner's lease had lapsed."""
+
+    def __init__(self) -> None:
+        self.store: s.JobStore | None = None
+
+    def before_review(self, key: str | None, message_id: str) -> None:
+        assert self.store is not None
+        snap = self.store.get(DOC)
+        assert snap is not None
+        now = now_utc()
+        self.store.update(
+            DOC,
+            {
+                (s.EPOCH,): snap.fields[s.EPOCH] + 1,
+                (s.OWNER,): "another-worker",
+                (s.DELIVERY,): "another-delivery",
+                (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=10),
+                (s.UPDATED_AT,): now,
+            },
+            expected=snap.version,
+        )
+
+
+def test_an_owner_that_lost_the_job_before_its_failed_record_publishes_nothing(
+    world: Callable[..., World],
+) -> None:
+    """The model's ``review-only-failed`` trail: the owner confirmed its ownership, then lost
+    the job (a pause past its lease) before recording it failed. The new owner decides the
+    job's fate; the old one publishes no failure message (the old order published one, for a
+    job the new owner then completed)."""
+    hooks = TakenOver()
+    w = world(Counting(), hooks=hooks)
+    hooks.store = w.store
+    assert w.deliver(FakeMessage(op="k")) == "nack"  # still the current delivery: it comes back
+    assert w.reviews() == []
+    record = w.record()
+    assert (record[s.STATUS], record[s.EPOCH], record[s.OWNER]) == ("running", 2, "another-worker")
+    assert s.REVIEW not in record
+
+
+def test_the_failed_record_is_durable_before_the_failure_message_and_marked_sent_after(
+    world: Callable[..., World],
+) -> None:
+    handler = Counting()
+    w = world(handler)
+    seen: list[tuple[str, str | None]] = []
+    publish = w.publisher.publish
+
+    def watching(topic: str, data: bytes, **attributes: str) -> Future[str]:
+        if topic == FAILURES:
+            record = w.record()
+            seen.append((record[s.STATUS], record.get(s.REVIEW)))
+        return publish(topic, data, **attributes)
+
+    w.publisher.publish = watching  # type: ignore[method-assign]
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert seen == [("failed", "pending")]
+    assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
+    assert len(w.reviews()) == 1
+    assert handler.runs == 1
+
+
+def test_a_failure_message_that_cannot_go_out_is_published_by_the_next_delivery(
+    world: Callable[..., World],
+) -> None:
+    """The failure topic is down: the job is failed (it never runs again), its review pending;
+    each redelivery tries the publish before it acks, and the first that succeeds marks it."""
+    handler = Counting()
+    w = world(handler)
+    w.publisher.fail[FAILURES] = NotFound("topic deleted")  # type: ignore[no-untyped-call]
+    assert w.deliver(FakeMessage(op="k")) == "defer"
+    assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "pending")
+    assert w.deliver(FakeMessage(op="k")) == "defer"  # still down: not acked without it
+    assert w.wrapped.metrics.get(pubsub_worker.Counter.FAILURE_PATH_ERRORS) == 2
+    del w.publisher.fail[FAILURES]
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
+    (review,) = w.reviews()
+    assert (review["pubsub_worker_key"], review["pubsub_worker_reason"]) == ("k", "permanent")
+    assert review["pubsub_worker_attempts"] == "1"
+    assert handler.runs == 1
+    assert w.deliver(FakeMessage(op="k")) == "ack"  # sent: a later copy publishes nothing
+    assert len(w.reviews()) == 1
+
+
+def test_a_replay_between_the_publish_and_its_mark_is_left_alone(
+    world: Callable[..., World],
+) -> None:
+    """The mark is conditioned on the failed record's version: a replay that reset the job
+    meanwhile is not written over (its run is reviewed afresh if it fails again)."""
+    w = world(Counting())
+    publish = w.publisher.publish
+    replayed: list[tuple[bytes, dict[str, str]]] = []
+
+    def republish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
+        replayed.append((data, dict(attributes)))
+        future: Future[str] = Future()
+        future.set_result("r-1")
+        return future
+
+    def replaying(topic: str, data: bytes, **attributes: str) -> Future[str]:
+        if topic == FAILURES and not replayed:
+            snap = w.store.get(DOC)
+            assert snap is not None
+            (result,) = replay(
+                w.store,
+                [FailedJob(DOC, JobRecord.parse(snap.fields))],
+                topic="projects/p/topics/jobs",
+                publish=republish,
+                key_attribute="op",
+            )
+            assert result.kind is ReplayOutcome.REPLAYED
+        return publish(topic, data, **attributes)
+
+    w.publisher.publish = replaying  # type: ignore[method-assign]
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    record = w.record()
+    assert (record[s.STATUS], record[s.REVIEW]) == ("released", None)
+    assert len(replayed) == 1
+
+
+def test_a_replay_clears_the_review_and_a_new_failure_is_reviewed_again(
+    world: Callable[..., World],
+) -> None:
+    handler = Counting()
+    w = world(handler)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    snap = w.store.get(DOC)
+    assert snap is not None
+    republished: list[tuple[bytes, dict[str, str]]] = []
+
+    def publish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
+        republished.append((data, dict(attributes)))
+        future: Future[str] = Future()
+        future.set_result("r-1")
+        return future
+
+    (result,) = replay(
+        w.store,
+        [FailedJob(DOC, JobRecord.parse(snap.fields))],
+        topic="projects/p/topics/jobs",
+        publish=publish,
+        key_attribute="op",
+    )
+    assert result.kind is ReplayOutcome.REPLAYED
+    assert w.record()[s.REVIEW] is None
+    ((data, attributes),) = republished
+    assert w.deliver(FakeMessage(data, **attributes)) == "ack"
+    assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
+    assert len(w.reviews()) == 2
+    assert handler.runs == 2
+
+
+@pytest.mark.parametrize("topic", [None, FAILURES], ids=["no-failure-topic", "failure-topic"])
+def test_the_review_field_is_written_only_when_a_failure_message_follows(
+    topic: str | None, world: Callable[..., World]
+) -> None:
+    w = world(Counting(), failure_topic=topic)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert w.record()[s.STATUS] == "failed"
+    assert w.record().get(s.REVIEW) == (None if topic is None else "sent")
+    assert len(w.reviews()) == (0 if topic is None else 1)
+
+
+def test_a_pending_review_found_without_a_failure_topic_is_acked_with_a_warning(
+    world: Callable[..., World], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker that failed the job had a failure topic; this one has none (a change of
+    configuration): the message is acked, the pending review said in the log, never a loop."""
+    w = world(Counting(), failure_topic=None)
+    record = {
+        s.KEY: "k",
+        s.SUBSCRIPTION: SUB,
+        s.STATUS: "failed",
+        s.EPOCH: 1,
+        s.ATTEMPTS: 1,
+        s.REASON: "permanent",
+        s.ERROR: "never",
+        s.REVIEW: "pending",
+    }
+    w.store.create(DOC, record)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert "PUBSUB_WORKER_FAILURE_TOPIC is not set; acked without it" in caplog.text
+    assert w.record()[s.REVIEW] == "pending"
