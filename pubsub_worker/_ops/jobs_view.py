@@ -25,7 +25,7 @@ from typing import Any
 from pubsub_worker._job.lease import lease_left_s
 from pubsub_worker._support.logs import printable
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import JobRecord, Snapshot, Status
+from pubsub_worker.stores.base import JobRecord, Review, Snapshot, Status
 
 __all__ = [
     "JobView",
@@ -84,6 +84,8 @@ class JobView:
     """Running jobs only: seconds the owner's lease still runs on Firestore's clock (<= 0:
     lapsed). ``None`` for every other status."""
     reason: str | None
+    review: str | None
+    """A failed job's failure message: ``pending`` (not published yet) or ``sent``."""
     error: str | None
     steps: tuple[StepView, ...]
     outbox: tuple[OutboxView, ...]
@@ -145,6 +147,7 @@ class JobView:
             lease_s=record.lease_s,
             lease_left_s=left,
             reason=record.reason,
+            review=record.review,
             error=record.error,
             steps=steps,
             outbox=outbox,
@@ -249,6 +252,13 @@ def render_job(view: JobView) -> str:
         lines.append(f"  lease        {lease_text(view)}{of} (Firestore's clock)")
     if view.reason:
         lines.append(f"  reason       {printable(view.reason)}")
+    if view.review == Review.PENDING.value:
+        lines.append(
+            "  review       pending: the failure message is not published yet; the next "
+            "delivery of the job's message publishes it"
+        )
+    elif view.review:
+        lines.append(f"  review       {printable(view.review)} (the failure message is published)")
     lines += [
         f"  first seen   {_when(view.first_seen_at)}",
         f"  updated      {_when(view.updated_at)}",

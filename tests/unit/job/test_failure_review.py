@@ -21,6 +21,8 @@ from google.api_core.exceptions import NotFound
 import pubsub_worker
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.lease import now_utc
+from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops import jobs_view
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
 from pubsub_worker.errors import PermanentError
 from pubsub_worker.hooks import Hooks
@@ -117,6 +119,11 @@ def test_a_failure_message_that_cannot_go_out_is_published_by_the_next_delivery(
     w.publisher.fail[FAILURES] = NotFound("topic deleted")  # type: ignore[no-untyped-call]
     assert w.deliver(FakeMessage(op="k")) == "defer"
     assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "pending")
+    view = job_ops.show(w.store, SUB, "k")
+    assert view is not None
+    assert "review       pending: the failure message is not published yet" in (
+        jobs_view.render_job(view)
+    )
     assert w.deliver(FakeMessage(op="k")) == "defer"  # still down: not acked without it
     assert w.wrapped.metrics.get(pubsub_worker.Counter.FAILURE_PATH_ERRORS) == 2
     del w.publisher.fail[FAILURES]
