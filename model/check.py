@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "KNOWN_WINDOWS",
     "MUTANTS",
     "PROPERTIES",
     "Mutant",
@@ -116,20 +115,19 @@ PROPERTIES: tuple[Property, ...] = (
         "`jobs release --expect-epoch E` never releases a claim made after epoch E was shown.",
     ),
     Property(
-        "settles",
-        "settles",
-        True,
-        "Once the faults are over, the job ends completed or failed and every message is acked.",
-    ),
-)
-
-KNOWN_WINDOWS: tuple[Property, ...] = (
-    Property(
         "review-only-failed",
         "CHECK_REVIEW_ONLY_FAILED",
         False,
-        "A job whose failure message went out is never completed (does NOT hold: an owner "
-        "that loses the job after the failure path's fenced write still publishes for review).",
+        "A failure message goes out only while its job's failed record is durable (or after "
+        "a replay revived that failed job): a job whose failure message went out is never "
+        "completed unless replayed.",
+    ),
+    Property(
+        "settles",
+        "settles",
+        True,
+        "Once the faults are over, the job ends completed or failed, a failed job's failure "
+        "message is out, and every message is acked.",
     ),
 )
 
@@ -168,6 +166,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "complete-with-unsent",
         "MUTANT_COMPLETE_WITH_UNSENT",
         "the completion does not publish unsent outbox entries first",
+    ),
+    Mutant(
+        "review-before-record",
+        "MUTANT_REVIEW_BEFORE_RECORD",
+        "the failure message is published before the failed record is written",
     ),
 )
 
@@ -246,9 +249,7 @@ def _assertion_macro(prop: Property) -> str:
 
 
 _ASSERTION = re.compile(
-    r"\b("
-    + "|".join(_assertion_macro(p) for p in (*PROPERTIES, *KNOWN_WINDOWS) if not p.liveness)
-    + r")\("
+    r"\b(" + "|".join(_assertion_macro(p) for p in PROPERTIES if not p.liveness) + r")\("
 )
 
 
@@ -319,7 +320,7 @@ class Search:
     liveness: bool
     fair: bool = False
     shortest: bool = False
-    """Breadth-first (the shortest counterexample), for mutants and known windows."""
+    """Breadth-first (the shortest counterexample), for mutants."""
 
     def spin_flags(self) -> list[str]:
         flags = [f"-D{name}" for name in self.defines]
@@ -519,7 +520,7 @@ def missing_tools() -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    names = [p.name for p in (*PROPERTIES, *KNOWN_WINDOWS)]
+    names = [p.name for p in PROPERTIES]
     parser = argparse.ArgumentParser(
         prog="python model/check.py",
         description="Check the protocol's Promela model with SPIN (docs/protocol.md).",
@@ -575,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     wanted = args.properties or [p.name for p in PROPERTIES]
-    props = [p for p in (*PROPERTIES, *KNOWN_WINDOWS) if p.name in wanted]
+    props = [p for p in PROPERTIES if p.name in wanted]
     with _workdir(args.keep) as workdir:
         verdicts = check_model(props, args.faults, args.fair, workdir)
         print_model(verdicts, args.faults)

@@ -15,6 +15,8 @@
  *   MUTANT_CLAIM_NO_EPOCH_BUMP      a claim keeps the epoch it read
  *   MUTANT_RENEW_WITHOUT_OWNERSHIP  the lease renewal writes without the ownership checks
  *   MUTANT_COMPLETE_WITH_UNSENT     the completion does not publish unsent entries first
+ *   MUTANT_REVIEW_BEFORE_RECORD     the failure message is published before the failed record
+ *                                   is written (the order of releases up to 0.9)
  *
  * Safety properties are assertions, each enabled by -DCHECK_<NAME> (or all
  * by -DCHECK_ALL); the liveness property is the ltl formula at the end.
@@ -57,6 +59,7 @@
 #define CHECK_OUTBOX 1
 #define CHECK_FAILED_XOR_COMPLETED 1
 #define CHECK_RELEASE_AIMED 1
+#define CHECK_REVIEW_ONLY_FAILED 1
 #endif
 #ifndef CHECK_ONE_COMPLETION
 #define CHECK_ONE_COMPLETION 0
@@ -79,7 +82,6 @@
 #ifndef CHECK_RELEASE_AIMED
 #define CHECK_RELEASE_AIMED 0
 #endif
-/* not in CHECK_ALL: a known window of the failure path, documented in docs/protocol.md */
 #ifndef CHECK_REVIEW_ONLY_FAILED
 #define CHECK_REVIEW_ONLY_FAILED 0
 #endif
@@ -104,6 +106,7 @@ byte rec;                       /* steps recorded (S0, S1) */
 bit  obc;                       /* S1's outbox entry is committed ... */
 bit  obs;                       /* ... and marked sent */
 byte datt;                      /* attempts, saturated at SATATT */
+bit  rvp;                       /* `review: pending`: failed, its failure message not published */
 byte lastw = NOBODY;            /* the version: who wrote last (thread t's condition holds iff lastw == t) */
 
 /* ------------------------------------------------------------ Pub/Sub */
@@ -126,6 +129,7 @@ bit  unsent[NT];                /* S1's entry is in its outbox, not published by
 byte att[NT];                   /* its attempt: the attempts its claim wrote */
 bit  stop[NT];                  /* stop_error: LostOwnership */
 bit  lost[NT];                  /* its delivery is known lost (a renewal refused, a stall given up) */
+bit  rera[NT];                  /* the era (replays so far) in which it saw the job failed */
 
 /* ---------------------------------------------- faults, operator, ghosts */
 
@@ -135,7 +139,7 @@ bit  op_claimed;                /* ghost: a claim landed since that `jobs show` 
 byte ncomplete;                 /* ghost: completions landed */
 bit  pubs;                      /* ghost: S1's entry was published (at least once) */
 bit  final_since[NMSG];         /* ghost: completed or failed since message m was published */
-bit  reviewed;                  /* ghost: a failure message went out (since the last replay) */
+bit  reviewed;                  /* ghost: a failure message of this era went out (reset by a replay) */
 
 /* scratch, used inside atomic sequences only: not part of the state (pan's breadth-first
  * search, used for short counterexamples, cannot have hidden variables) */
@@ -280,7 +284,19 @@ inline forget(t) {
     att[t] = 0;
     stop[t] = 0;
     lost[t] = 0;
+    rera[t] = 0;
     tm[t] = NOBODY
+}
+
+/* A failure message goes out (FailurePath): it describes a failure of the job's current era
+ * only while the job is failed; one of an earlier era (a late duplicate, after a replay
+ * revived the job) describes the failure the operator replayed. */
+inline review_out(t) {
+    review_only_failed(st == FAILED || rera[t] != published[1]);
+    if
+    :: rera[t] == published[1] -> reviewed = 1
+    :: else
+    fi
 }
 
 /* The faults that may strike a busy thread before its next step, within the budget:
@@ -321,7 +337,12 @@ end_idle:
             :: else
             fi;
             if
-            :: FINAL -> printf("@ t%d: finds the job done\n", t); goto ack      /* ACK */
+            :: st == FAILED && rvp ->                                   /* publish_pending */
+                printf("@ t%d: finds the job failed, its failure message pending\n", t);
+                rera[t] = published[1];
+                goto pending
+            :: FINAL && !(st == FAILED && rvp) ->
+                printf("@ t%d: finds the job done\n", t); goto ack              /* ACK */
             :: BUSY(t) -> printf("@ t%d: finds the job busy\n", t); goto giveback  /* DEFER */
             :: else -> claim(t); break
             fi
@@ -617,31 +638,79 @@ review:
            fi
        :: else
        fi;
-       /* the failure message: published, or its publish fails (DEFER) */
+#ifdef MUTANT_REVIEW_BEFORE_RECORD
        do
        SLOW(t)
        :: atomic { FAULT -> nf++; printf("@ t%d: the failure message's publish fails\n", t);
                    goto giveback }
-       :: atomic { printf("@ t%d: publishes the failure message\n", t); reviewed = 1; break }
+       :: atomic { printf("@ t%d: publishes the failure message\n", t);
+                   rera[t] = published[1]; review_out(t); break }
        od;
-       /* the failed record */
+#endif
+       /* the failed record, fenced; `review: pending` */
        do
        SLOW(t)
        :: atomic {
-            printf("@ t%d: writes the failed record\n", t);
+            printf("@ t%d: writes the failed record (review pending)\n", t);
             fwrite(t);
             if
             :: ok ->
                 ok = 0;
                 failed_xor_completed(st == RUNNING);
                 st = FAILED;
+                rvp = 1;
                 live = 0;
                 unclaimed();
                 final_since[0] = 1;
                 final_since[1] = 1;
-                goto ack
+                rera[t] = published[1];
+                break
             :: else -> goto giveback
             fi
+          }
+       od;
+#ifdef MUTANT_REVIEW_BEFORE_RECORD
+       rvp = 0;
+       goto ack;
+#endif
+       /* the failure message: published, or its publish fails (DEFER: the redelivery publishes) */
+       do
+       SLOW(t)
+       :: atomic { FAULT -> nf++; printf("@ t%d: the failure message's publish fails\n", t);
+                   goto giveback }
+       :: atomic { printf("@ t%d: publishes the failure message\n", t); review_out(t); break }
+       od;
+       /* `review: sent`, conditioned on the failed record's version */
+       do
+       SLOW(t)
+       :: atomic {
+            if
+            :: lastw == t -> rvp = 0; printf("@ t%d: marks the review sent\n", t)
+            :: else -> printf("@ t%d: its mark is refused (written since)\n", t)
+            fi;
+            goto ack
+          }
+       od;
+
+pending:
+       /* a failed job's pending failure message, published before the ack (publish_pending) */
+       do
+       SLOW(t)
+       :: atomic { FAULT -> nf++; printf("@ t%d: the failure message's publish fails\n", t);
+                   goto giveback }
+       :: atomic { printf("@ t%d: publishes the pending failure message\n", t); review_out(t);
+                   break }
+       od;
+       do
+       SLOW(t)
+       :: atomic {
+            /* conditioned on the version it read: only a mark or a replay wrote a failed job */
+            if
+            :: st == FAILED && rera[t] == published[1] ->
+                rvp = 0; lastw = OLD; printf("@ t%d: marks the review sent\n", t)
+            :: else -> printf("@ t%d: its mark is refused (replayed since)\n", t)
+            fi;
+            goto ack
           }
        od;
 
@@ -743,6 +812,7 @@ end_operator:
         bump_epoch();
         published[1] = 1;
         final_since[1] = 0;
+        rvp = 0;
         reviewed = 0
        }
     od
@@ -760,7 +830,8 @@ init {
 /* ------------------------------------------------------------ liveness */
 
 /* Every run has at most MAXF faults, so its faults phase ends: then, under weak fairness,
- * the job ends completed or failed and every message is acked. */
+ * the job ends completed or failed (a failed one with its failure message out) and every
+ * message is acked. */
 #define ALL_ACKED (acked[0] && (!published[1] || acked[1]))
 
-ltl settles { <> [] (FINAL && ALL_ACKED) }
+ltl settles { <> [] (FINAL && ALL_ACKED && !rvp) }
