@@ -13,6 +13,7 @@ shutdown grace is :data:`CLOUD_RUN_GRACE_S` unless its variable is set.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -338,7 +339,9 @@ class Settings(BaseSettings):
         return _resolve(topic, "topics", self.project_id, "topic")
 
 
+@functools.lru_cache(maxsize=128)
 def _resolve(value: str, kind: str, project: str | None, field: str) -> str:
+    """The full path of ``value`` (an ID or a path), validated; cached: read per message."""
     match = _FULL_PATH.match(value)
     if match:
         if match.group("kind") != kind or not _RESOURCE_ID.match(match.group("id")):

@@ -19,7 +19,6 @@ concludes a detached delivery ends it.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -297,12 +296,13 @@ class DeliveryFlow:
             if self.decision is not None:
                 return self.decision
             job = self._job
+            error = happened.error
             if job is not None and happened.phase is Phase.RUN:
                 job.handler_returned()  # nothing the handler's threads do now changes this
                 if job.stop_error is not None:
-                    happened = dataclasses.replace(happened, error=job.stop_error)
-            happened = dataclasses.replace(
-                happened, current=self._rt.tracker.is_current(self._delivery)
+                    error = job.stop_error
+            happened = happened.seen(
+                current=self._rt.tracker.is_current(self._delivery), error=error
             )
             attempts = job.attempt if job is not None else 0
             decision = self.carry_out(

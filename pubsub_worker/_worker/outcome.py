@@ -39,7 +39,6 @@ only code in the library that acks, nacks, defers or drops a Pub/Sub message.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
@@ -200,6 +199,13 @@ class Happened:
     """How much longer another owner's lease runs (claim answered ``busy``), or how long until
     the earlier message of its ordering key is back (phase ``order``)."""
 
+    def seen(self, *, current: bool, error: BaseException | None) -> Happened:
+        """This event as the flow concludes it: ``current`` checked, ``error`` the stop's if any.
+
+        Built directly rather than with ``dataclasses.replace``: it runs for every delivery.
+        """
+        return Happened(self.phase, error, current, self.claim, self.busy_for_s)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -245,10 +251,15 @@ def decide(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
     ``attempts`` is the job's own claim counter (0 before a claim),
     ``max_attempts`` the ``MAX_ATTEMPTS`` setting.
     """
-    decision = _decide(happened, attempts, max_attempts)
+    d = _decide(happened, attempts, max_attempts)
     error = happened.error
-    return dataclasses.replace(
-        decision,
+    # Built directly, not with dataclasses.replace: this runs for every delivery.
+    return Decision(
+        outcome=d.outcome,
+        why=d.why,
+        reason=d.reason,
+        error=d.error,
+        delay_s=d.delay_s,
         phase=happened.phase,
         error_type=type(error).__name__ if error is not None else None,
     )
