@@ -215,6 +215,19 @@ _ALL: tuple[Scenario, ...] = (
     # -- a fleet on one subscription
     *_pair("p2", "2 processes", processes=2),
     *_pair("p4", "4 processes", processes=4),
+    *(
+        Scenario(
+            f"run-p{n}",
+            "run",
+            f"`pubsub_worker.run()` defaults, 1 step, {n} processes "
+            f"(what `pubsub-worker run --processes {n}` starts)",
+            baseline=f"stock-eod-p{n}",
+            steps=1,
+            subscribe="run",
+            processes=n,
+        )
+        for n in (2, 4)
+    ),
     # -- payload size
     *_pair("10k", "10 KB payload", payload_bytes=10_000),
     *_pair("1m", "1 MB payload", payload_bytes=1_000_000, backlog_share=0.1),
@@ -279,8 +292,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         *("stock-eod-c30", "wrapped-1-c30", "stock-eod-c100", "wrapped-1-c100"),
     ),
     "fleet": (
-        *("stock-eod", "wrapped-1"),
-        *("stock-eod-p2", "wrapped-1-p2", "stock-eod-p4", "wrapped-1-p4"),
+        *("stock-eod", "wrapped-1", "run-1"),
+        *("stock-eod-p2", "wrapped-1-p2", "run-p2", "stock-eod-p4", "wrapped-1-p4", "run-p4"),
     ),
     "async": (
         *("stock-eod-c100", "wrapped-1-c100", "async-1-c100"),

@@ -245,12 +245,20 @@ def _fleet_target(summary: dict[str, Any]) -> Target:
         summary.get(name, {}).get("msgs_per_s", {}).get("median")
         for name in ("stock-eod", "stock-eod-p2", "stock-eod-p4")
     ]
+    cpu = [summary[name]["cpu_ms_per_msg"]["consumer"] or 0.0 for _, name in series]
     measured = ", ".join(
-        f"{procs}: {rate:,.0f} msg/s ({b * 100:.0f}% busy)"
-        for (procs, _), rate, b in zip(series, rates, busy, strict=True)
+        f"{procs}: {rate:,.0f} msg/s ({b * 100:.0f}% busy, {c:.2f} ms CPU/msg)"
+        for (procs, _), rate, b, c in zip(series, rates, busy, cpu, strict=True)
     )
     if all(stock):
         measured += "; stock " + " / ".join(f"{s:,.0f}" for s in stock if s)
+    runs = [("2", "run-p2"), ("4", "run-p4")]
+    if all(name in summary for _, name in runs):
+        measured += "; `run()` in " + ", ".join(
+            f"{procs}: {summary[name]['msgs_per_s']['median'] or 0:,.0f} msg/s "
+            f"({summary[name]['cpu_ms_per_msg']['consumer'] or 0.0:.2f} ms CPU/msg)"
+            for procs, name in runs
+        )
     # Each step adds throughput, unless the larger fleet has the machine's cores busy (90% of
     # both, counting other work): past that, more processes cannot add, and the cores are the
     # limit the target allows.
