@@ -292,9 +292,11 @@ def test_a_result_over_the_document_budget_fails_the_job_once(chaos: ChaosSetup)
 def test_a_failure_path_that_fails_backs_off_and_loses_nothing(chaos: ChaosSetup) -> None:
     """The failure topic is deleted under a running worker, then a job fails permanently.
 
-    Publishing for review fails: the message is neither acked nor lost, and
-    it comes back after a backoff (10 s), not at once. Once the topic is back,
-    the next attempt reaches review, once.
+    The job's failed record lands (``review: pending``); publishing for review
+    fails, so the message is neither acked nor lost, and it comes back after a
+    backoff (10 s), not at once. Once the topic is back, the redelivery
+    publishes the pending failure message, once, without running the handler
+    again.
     """
     review = chaos.make_subscription(exactly_once=False, prefix="review")
     env = {
@@ -319,13 +321,13 @@ def test_a_failure_path_that_fails_backs_off_and_loses_nothing(chaos: ChaosSetup
         chaos.subscriber.delete_subscription(request={"subscription": again})
 
     assert waited_s >= 8  # the deferral's 10 s, not an immediate nack
-    assert [e["attempt"] for e in chaos.effects.read()] == [1, 2]
+    assert [e["attempt"] for e in chaos.effects.read()] == [1]  # failed once, never rerun
     assert deliveries(worker, message_id) == 2
     assert nacks(worker, message_id) == 1
     assert acks(worker, message_id) == ["SUCCESS"]
     assert len(reviewed) == 1
     doc = chaos.job_document("op-1")
-    assert (doc["status"], doc["reason"]) == ("failed", "permanent")
+    assert (doc["status"], doc["reason"], doc["review"]) == ("failed", "permanent", "sent")
 
 
 @pytest.mark.parametrize(
