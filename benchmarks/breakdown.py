@@ -62,7 +62,7 @@ def _in_file(part: str) -> Callable[[Stack], bool]:
 
 
 _CALLBACK = _has("ExactlyOnce.__call__", "_wrap_callback_errors")
-_WRAPPER = _has("ExactlyOnce.__call__", "DeliveryFlow._conclude_detached")  # or its completer
+_WRAPPER = _has("ExactlyOnce.__call__", "DeliveryFlow._conclude_guarded")  # or its completer
 _WRITES = _has(
     "WriteBatcher.submit",
     "create_write",
@@ -106,8 +106,12 @@ CPU_PARTS: tuple[Part, ...] = (
 
 WALL_PARTS: tuple[Part, ...] = (
     ("idle", "waiting for a message", lambda s: not _CALLBACK(s)),
-    ("claim", "the claim's write", _has("claim (pubsub_worker/claim.py)")),
-    ("complete", "the completion's write", _has("Job.complete", "FencedDocument.complete")),
+    ("claim", "the claim's write", _has("claim (pubsub_worker/_job/claim.py", "claim_job (")),
+    (
+        "complete",
+        "the completion's write",
+        _has("JobCore.complete", "FencedDocument.complete"),
+    ),
     ("steps", "the steps (each step's record written before the next)", _has("Job.step")),
     ("ack", "awaiting the ack's answer", _has("Future.result")),
     ("other", "other work", lambda s: True),
@@ -127,14 +131,23 @@ def _shares(profile: Profile, parts: Sequence[Part]) -> Counter[str]:
     return counts
 
 
+def _found(folder: Path, stem: str) -> Path | None:
+    """``stem.txt`` (a raw profile) or ``stem.txt.gz`` (as published), if either exists."""
+    for path in (folder / f"{stem}.txt", folder / f"{stem}.txt.gz"):
+        if path.exists():
+            return path
+    return None
+
+
 def breakdown(folder: Path, label: str, messages: int) -> dict[str, Any] | None:
-    """The figures of one profiled consumer (``label``: ``profile-wrapped-1-p0``); None if absent.
+    """The figures of one profiled consumer (``label``: ``profile-wrapped-1-p0``, or a published
+    profile's ``wrapped-1``); None if absent.
 
     ``cpu``: GIL ms per message by part (and ``total``); ``wall``: the callback
     threads' share of time by part; ``samples``: how many each profile holds.
     """
-    cpu_path, wall_path = folder / f"{label}-cpu.txt", folder / f"{label}-wall.txt"
-    if not cpu_path.exists() or not wall_path.exists() or messages <= 0:
+    cpu_path, wall_path = _found(folder, f"{label}-cpu"), _found(folder, f"{label}-wall")
+    if cpu_path is None or wall_path is None or messages <= 0:
         return None
     cpu, wall = load(cpu_path), load(wall_path).only_threads(CALLBACK_THREADS)
     cpu_counts, wall_counts = _shares(cpu, CPU_PARTS), _shares(wall, WALL_PARTS)

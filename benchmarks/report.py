@@ -232,7 +232,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         if name in versions
     )
     return [
-        f"- Command: `{report['command']}` ({report['duration_s'] / 60:.1f} min)",
+        f"- Command: `{report['command']}` ({report['duration_s'] / 60:.1f} min)"
+        + (f"; {report['rerendered']}" if report.get("rerendered") else ""),
         f"- Date: {report['date']}",
         f"- Machine: {machine['cpus']} cores ({machine['cpu_model']}), shared with other "
         f"work; Python {machine['python']}, {machine['platform']}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,12 @@ _CALL = (
 
 CPU = {
     # the claim's write, sent by the callback thread itself
-    f"{_POOL};{_CALL};claim (pubsub_worker/claim.py:9);BatchingFirestoreJobStore.create "
+    f"{_POOL};{_CALL};claim (pubsub_worker/_job/claim.py:9);BatchingFirestoreJobStore.create "
     "(pubsub_worker/stores/batching.py:1);WriteBatcher.submit (pubsub_worker/stores/batching.py:2);"
     "WriteBatcher._run (pubsub_worker/stores/batching.py:3);"
     "WriteBatcher._send (pubsub_worker/stores/batching.py:4)": 30,
     # building the completion's write
-    f"{_POOL};{_CALL};Job.complete (pubsub_worker/job.py:1);"
+    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/steps.py:1);"
     "update_write (pubsub_worker/stores/_writes.py:5)": 20,
     # a step
     f"{_POOL};{_CALL};Job.step (pubsub_worker/job.py:2);dumps (json/__init__.py:1)": 5,
@@ -40,8 +41,9 @@ CPU = {
 }
 WALL = {
     f"{_POOL};{_BOOT}": 40,  # idle in the pool, waiting for a message
-    f"{_POOL};{_CALL};claim (pubsub_worker/claim.py:9);Event.wait (threading.py:1)": 30,
-    f"{_POOL};{_CALL};Job.complete (pubsub_worker/job.py:1);Event.wait (threading.py:1)": 25,
+    f"{_POOL};{_CALL};claim (pubsub_worker/_job/claim.py:9);Event.wait (threading.py:1)": 30,
+    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/steps.py:1);"
+    "Event.wait (threading.py:1)": 25,
     f"{_POOL};{_CALL};DeliveryTracker.register (pubsub_worker/deliveries.py:1)": 5,
     # not a callback thread: left out of the wall figures
     "thread (0x3): Thread-ConsumeBidirectionalStream;Dispatcher.ack "
@@ -183,3 +185,32 @@ def test_a_fleet_that_stops_growing_names_the_cpu_the_cores_allow() -> None:
         "emulators 0.50), so 2 cores allow at most 800 msg/s; measured 700 with the machine "
         "89% busy"
     )
+
+
+def _frame(fn: Any) -> str:
+    """A py-spy frame of ``fn``, as the profiles name it: ``Qual.name (package/path.py:1)``."""
+    path = Path(inspect.getsourcefile(fn) or "").resolve()
+    return f"{fn.__qualname__} ({path.relative_to(Path(__file__).resolve().parents[2])}:1)"
+
+
+def test_the_parts_match_the_library_s_functions_where_they_are() -> None:
+    """The parts match py-spy frames by name and file: a function renamed or moved would leave
+    its part at 0% without an error (the claim's did, after the package's layout moved)."""
+    from pubsub_worker._job import claim
+    from pubsub_worker._job.job import Job
+    from pubsub_worker._job.steps import JobCore
+    from pubsub_worker._worker import claiming
+    from pubsub_worker._worker.flow import DeliveryFlow
+    from pubsub_worker._worker.wrapper import ExactlyOnce
+    from pubsub_worker.stores._batcher import WriteBatcher
+
+    call = _frame(ExactlyOnce.__call__)
+    claimed = [call, _frame(DeliveryFlow._claim), _frame(claiming.claim_job), _frame(claim.claim)]
+    assert classify(claimed, WALL_PARTS) == "claim"
+    completed = [call, _frame(DeliveryFlow.conclude), _frame(JobCore.complete)]
+    assert classify(completed, WALL_PARTS) == "complete"
+    assert classify([call, _frame(Job.step), _frame(JobCore.run_step)], WALL_PARTS) == "steps"
+    completer = [_frame(DeliveryFlow._conclude_guarded), _frame(JobCore.complete)]
+    assert classify(completer, CPU_PARTS) == "bookkeeping"
+    assert classify([*completer, _frame(WriteBatcher.submit)], CPU_PARTS) == "writes"
+    assert classify([_frame(WriteBatcher._send)], CPU_PARTS) == "send"
