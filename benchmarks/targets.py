@@ -192,6 +192,9 @@ def lone_own_ms(summary: dict[str, dict[str, Any]], name: str) -> float | None:
     """
     row = summary[name]
     base = summary.get(row["baseline"])
+    scenario = SCENARIOS.get(name)
+    if scenario is None or scenario.stock:
+        return None
     if base is None or base is row or row.get("lone_rpc_ms") is None:
         return None
     if row["lone_slot_ms"] is None or base["lone_slot_ms"] is None:
