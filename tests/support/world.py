@@ -19,6 +19,7 @@ import pytest
 
 import pubsub_worker
 from pubsub_worker._job.keys import document_id
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores import base as s
@@ -156,6 +157,30 @@ class World:
 
     def reviews(self) -> list[dict[str, str]]:
         return [attrs for topic, _, attrs in self.publisher.sent if topic == FAILURES]
+
+    def replay(self, key: str = "k") -> FakeMessage:
+        """``pubsub-worker jobs replay`` of the failed job ``key``: the message it republished."""
+        republished: list[FakeMessage] = []
+
+        def publish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
+            republished.append(FakeMessage(data, **attributes))
+            future: Future[str] = Future()
+            future.set_result("replayed")
+            return future
+
+        doc_id = document_id(SUB, key)
+        snap = self.store.get(doc_id)
+        assert snap is not None
+        (result,) = replay(
+            self.store,
+            [FailedJob(doc_id, s.JobRecord.parse(snap.fields))],
+            topic="projects/p/topics/jobs",
+            publish=publish,
+            key_attribute="op",
+        )
+        assert result.kind is ReplayOutcome.REPLAYED, result
+        (message,) = republished
+        return message
 
     def close(self) -> None:
         self.wrapped.close()

@@ -10,7 +10,7 @@ publishes the failure message before it acks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -23,11 +23,9 @@ from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops import jobs_view
-from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
 from pubsub_worker.errors import PermanentError
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import JobRecord
 from tests.support.world import FAILURES, SUB, FakeMessage, World, world
 
 __all__ = ["world"]
@@ -144,26 +142,11 @@ def test_a_replay_between_the_publish_and_its_mark_is_left_alone(
     meanwhile is not written over (its run is reviewed afresh if it fails again)."""
     w = world(Counting())
     publish = w.publisher.publish
-    replayed: list[tuple[bytes, dict[str, str]]] = []
-
-    def republish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
-        replayed.append((data, dict(attributes)))
-        future: Future[str] = Future()
-        future.set_result("r-1")
-        return future
+    replayed: list[FakeMessage] = []
 
     def replaying(topic: str, data: bytes, **attributes: str) -> Future[str]:
         if topic == FAILURES and not replayed:
-            snap = w.store.get(DOC)
-            assert snap is not None
-            (result,) = replay(
-                w.store,
-                [FailedJob(DOC, JobRecord.parse(snap.fields))],
-                topic="projects/p/topics/jobs",
-                publish=republish,
-                key_attribute="op",
-            )
-            assert result.kind is ReplayOutcome.REPLAYED
+            replayed.append(w.replay())  # the operator, between the publish and its mark
         return publish(topic, data, **attributes)
 
     w.publisher.publish = replaying  # type: ignore[method-assign]
@@ -179,27 +162,9 @@ def test_a_replay_clears_the_review_and_a_new_failure_is_reviewed_again(
     handler = Counting()
     w = world(handler)
     assert w.deliver(FakeMessage(op="k")) == "ack"
-    snap = w.store.get(DOC)
-    assert snap is not None
-    republished: list[tuple[bytes, dict[str, str]]] = []
-
-    def publish(topic: str, data: bytes, attributes: Mapping[str, str]) -> Future[str]:
-        republished.append((data, dict(attributes)))
-        future: Future[str] = Future()
-        future.set_result("r-1")
-        return future
-
-    (result,) = replay(
-        w.store,
-        [FailedJob(DOC, JobRecord.parse(snap.fields))],
-        topic="projects/p/topics/jobs",
-        publish=publish,
-        key_attribute="op",
-    )
-    assert result.kind is ReplayOutcome.REPLAYED
+    again = w.replay()
     assert w.record()[s.REVIEW] is None
-    ((data, attributes),) = republished
-    assert w.deliver(FakeMessage(data, **attributes)) == "ack"
+    assert w.deliver(again) == "ack"
     assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
     assert len(w.reviews()) == 2
     assert handler.runs == 2
