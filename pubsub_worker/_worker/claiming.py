@@ -66,7 +66,11 @@ def claim_job(
             time.sleep(min(max(wait_s, 0.05), 1.0))
     except Exception as exc:  # noqa: BLE001 - StoreError or worse: the message comes back
         return Happened(Phase.CLAIM, error=exc)
-    if result.record is not None and result.record.review_pending:
+    if (
+        result.kind is ClaimKind.FAILED
+        and result.record is not None
+        and result.record.review_pending
+    ):
         try:
             rt.failure.publish_pending(
                 message_id=message.message_id,

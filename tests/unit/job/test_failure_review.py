@@ -135,6 +135,28 @@ def test_a_failure_message_that_cannot_go_out_is_published_by_the_next_delivery(
     assert len(w.reviews()) == 1
 
 
+def test_a_pending_review_goes_out_only_with_the_job_s_own_payload(
+    world: Callable[..., World],
+) -> None:
+    """A message reusing the key for another payload is a conflict of its own: it must not
+    publish the failed job's pending failure message with its (different) data."""
+    w = world(Counting())
+    w.publisher.fail[FAILURES] = NotFound("topic deleted")  # type: ignore[no-untyped-call]
+    assert w.deliver(FakeMessage(b"first", op="k")) == "defer"
+    del w.publisher.fail[FAILURES]
+    assert w.deliver(FakeMessage(b"other", op="k")) == "ack"
+    assert [(data, a["pubsub_worker_reason"]) for topic, data, a in w.publisher.sent] == [
+        (b"other", "payload_conflict")
+    ]
+    assert w.record()[s.REVIEW] == "pending"
+    assert w.deliver(FakeMessage(b"first", op="k")) == "ack"
+    assert [(data, a["pubsub_worker_reason"]) for topic, data, a in w.publisher.sent] == [
+        (b"other", "payload_conflict"),
+        (b"first", "permanent"),
+    ]
+    assert w.record()[s.REVIEW] == "sent"
+
+
 def test_a_replay_between_the_publish_and_its_mark_is_left_alone(
     world: Callable[..., World],
 ) -> None:
