@@ -21,26 +21,10 @@ from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
 
 from pubsub_worker.push.auth import GOOGLE_CERTS_URL, CachedCertificates, TokenVerifier
+from pubsub_worker.push.auth import _Remembered as Response  # the transport answer it caches
 
 AUDIENCE = "https://orders-push-abc123-ew.a.run.app/"
 SERVICE_ACCOUNT = "push-invoker@orders-demo.iam.gserviceaccount.com"
-
-
-class _Response(google.auth.transport.Response):
-    def __init__(self, status: int, data: bytes, headers: Mapping[str, str]) -> None:
-        self._status, self._data, self._headers = status, data, dict(headers)
-
-    @property
-    def status(self) -> int:
-        return self._status
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._headers
-
-    @property
-    def data(self) -> bytes:
-        return self._data
 
 
 class CertServer(google.auth.transport.Request):
@@ -63,10 +47,10 @@ class CertServer(google.auth.transport.Request):
     ) -> google.auth.transport.Response:
         self.requests += 1
         if self.down:
-            return _Response(503, b"unavailable", {})
+            return Response(503, {}, b"unavailable")
         assert url == GOOGLE_CERTS_URL, url
         control = {"Cache-Control": f"public, max-age={self.max_age_s}, must-revalidate"}
-        return _Response(200, json.dumps(self.certs).encode(), control)
+        return Response(200, control, json.dumps(self.certs).encode())
 
 
 class TestKeys:
