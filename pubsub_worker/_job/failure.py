@@ -178,9 +178,9 @@ class FailurePath:
             s.DATA: data if stored else None,
             s.MESSAGE_ID: encodable_text(message_id),
         }
-        if left_out:
-            extra[s.ERROR] = f"{error} ({left_out} original attribute(s) too large to keep)"
-        recorded_error = extra.pop(s.ERROR, error)
+        recorded_error = (
+            f"{error} ({left_out} original attribute(s) too large to keep)" if left_out else error
+        )
         if job is not None:
             if review is not None:
                 extra[s.REVIEW] = s.Review.PENDING.value
