@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -388,36 +388,59 @@ def _wait_until_queued(batcher: batching.WriteBatcher, count: int) -> None:
     _wait_until(lambda: len(batcher._queue) == count, f"{count} writes are queued")
 
 
+class _Recorded(NamedTuple):
+    sent: list[tuple[int, list[str]]]
+    """Every request sent: its serialized bytes, its documents' ids."""
+    released: threading.Event
+    """Set once the first request has seen every write it waited for queued."""
+
+
 def _recorded_requests(
     batcher: batching.WriteBatcher, monkeypatch: pytest.MonkeyPatch, *, held_until_queued: int
-) -> list[tuple[int, list[str]]]:
+) -> _Recorded:
     """Every ``BatchWrite`` request the batcher sends: its serialized bytes, its documents' ids.
 
     The first request is held until ``held_until_queued`` writes wait behind it,
     so that (one batch in flight) they are all queued when it is answered.
     """
-    sent: list[tuple[int, list[str]]] = []
+    recorded = _Recorded([], threading.Event())
     call = batcher._call
 
-    def recorded(request: Any, **kwargs: Any) -> Any:
-        sent.append((request.ByteSize(), [w.update.name.rsplit("/", 1)[1] for w in request.writes]))
-        if len(sent) == 1:
+    def record(request: Any, **kwargs: Any) -> Any:
+        recorded.sent.append(
+            (request.ByteSize(), [w.update.name.rsplit("/", 1)[1] for w in request.writes])
+        )
+        if len(recorded.sent) == 1:
             _wait_until_queued(batcher, held_until_queued)
+            recorded.released.set()
         return call(request, **kwargs)
 
-    monkeypatch.setattr(batcher, "_call", recorded)
-    return sent
+    monkeypatch.setattr(batcher, "_call", record)
+    return recorded
 
 
 def _queue_in_order(
-    pool: ThreadPoolExecutor, batcher: batching.WriteBatcher, calls: Sequence[Callable[[], T]]
+    pool: ThreadPoolExecutor,
+    batcher: batching.WriteBatcher,
+    calls: Sequence[Callable[[], T]],
+    recorded: _Recorded,
 ) -> list[Future[T]]:
-    """Start the calls one at a time, each once the one before is queued (a known order)."""
+    """Start the calls one at a time, each once the one before is queued (a known order).
+
+    Nothing leaves the queue while the first request is held, so each count
+    is exact until the last write is queued; then the held request goes and
+    the queue drains at once, so the last wait also ends on its release (a
+    check of the count alone can miss the moment it was reached).
+    """
+
+    def queued_or_released(count: int) -> Callable[[], bool]:
+        return lambda: len(batcher._queue) == count or recorded.released.is_set()
+
     futures: list[Future[T]] = []
     for call in calls:
         queued = len(batcher._queue) + 1
         futures.append(pool.submit(call))
-        _wait_until_queued(batcher, queued)
+        _wait_until(queued_or_released(queued), f"{queued} writes are queued")
     return futures
 
 
@@ -427,7 +450,7 @@ def test_queued_writes_over_the_byte_cap_are_split_across_requests_each_under_it
     """20 writes of 250 KiB (5.1 MB) queued behind one in flight: no request over the cap."""
     store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
     queued = 20
-    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=queued)
+    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=queued).sent
     result = "r" * (250 * 1024)
     try:
         with ThreadPoolExecutor(queued + 1) as pool:
@@ -464,7 +487,8 @@ def test_a_write_over_the_byte_cap_goes_alone_and_keeps_its_place(
     )
     small, big = "s" * 10_000, "b" * 100_000
     names = ["a0", "a1", "a2", "a3", "big", "b0", "b1", "b2", "b3"]
-    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=len(names))
+    recorded = _recorded_requests(store.batcher, monkeypatch, held_until_queued=len(names))
+    sent = recorded.sent
     try:
         with ThreadPoolExecutor(len(names) + 1) as pool:
             first = pool.submit(store.create, "first", {"epoch": 1})
@@ -473,7 +497,7 @@ def test_a_write_over_the_byte_cap_goes_alone_and_keeps_its_place(
                 partial(store.create, name, {"data": big if name == "big" else small})
                 for name in names
             ]
-            futures = _queue_in_order(pool, store.batcher, calls)
+            futures = _queue_in_order(pool, store.batcher, calls, recorded)
             versions = [future.result(timeout=30) for future in futures]
             first.result(timeout=30)
         # Six writes of 10 kB fit 64 KiB; the big one goes next, alone; then the last two.
@@ -500,7 +524,8 @@ def test_a_write_left_for_its_size_is_not_overtaken_by_a_later_write_to_its_docu
     store = BatchingFirestoreJobStore(
         firestore_client, firestore_collection, max_in_flight=1, max_batch_bytes=64 * 1024
     )
-    sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=3)
+    recorded = _recorded_requests(store.batcher, monkeypatch, held_until_queued=3)
+    sent = recorded.sent
     try:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(store.create, "first", {"epoch": 1})
@@ -510,7 +535,7 @@ def test_a_write_left_for_its_size_is_not_overtaken_by_a_later_write_to_its_docu
                 partial(store.create, "job", {"owner": "early", "data": "e" * 40_000}),
                 partial(store.create, "job", {"owner": "late"}),
             ]
-            filler, early, late = _queue_in_order(pool, store.batcher, calls)
+            filler, early, late = _queue_in_order(pool, store.batcher, calls, recorded)
             version = early.result(timeout=30)
             with pytest.raises(AlreadyExists):
                 late.result(timeout=30)
