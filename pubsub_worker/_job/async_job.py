@@ -7,6 +7,8 @@ coroutine to the loop, waits for it, then concludes the delivery (decide,
 write, settle) off the loop. On the loop, every store write and publish of
 a step runs in a bounded thread pool, so the loop never blocks on Firestore
 or Pub/Sub; a transactional step goes through Firestore's async client.
+What writes nothing (the checks before a step, staging its record for the
+next write) runs on the loop itself, without a hand-off.
 
 :class:`AsyncJob` is :class:`~pubsub_worker._job.job.Job` awaited, a face over
 the same :class:`~pubsub_worker._job.steps.JobCore`: the same fences, checked
@@ -22,11 +24,13 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import json
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
 from .job import BaseJob
+from .records import Recorded
 from .steps import JobCore
 
 __all__ = ["AsyncJob", "EventLoopThread", "flush_queued"]
@@ -161,7 +165,7 @@ class AsyncJob(BaseJob):
         """
         await flush_queued(self)
         core = self._core
-        recorded = await self._call(core.open_step, name)
+        recorded = await self._open(name)
         if recorded is not None:
             return recorded.value
         with core.measured(name):
@@ -174,7 +178,7 @@ class AsyncJob(BaseJob):
                         value = await value
             finally:
                 core.leave_step()
-            return await self._call(core.record_step, name, value)
+            return await self._record(name, value)
 
     async def transactional_step(self, name: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``await fn(transaction)`` and record the step in the same Firestore transaction.
@@ -211,7 +215,31 @@ class AsyncJob(BaseJob):
     async def heartbeat(self) -> None:
         """Report progress; raises ``LostOwnership`` if this delivery no longer owns the job."""
         await flush_queued(self)
-        await self._call(self._core.heartbeat)
+        if self._core.beat():
+            await self._call(self._core.write_now)
+
+    # What writes nothing runs on the loop: a hand-off to the pool and back costs more
+    # CPU than the bookkeeping itself. A write, or staging while a renewal writes, goes
+    # to the pool, so the loop never waits for Firestore.
+
+    async def _open(self, name: str) -> Recorded | None:
+        """``JobCore.open_step``: on the loop unless the previous step's record is written."""
+        core = self._core
+        with core.document.unless_busy() as free:
+            if free and not core.record_staged:
+                return core.open_step(name)  # nothing to write
+        return await self._call(core.open_step, name)
+
+    async def _record(self, name: str, value: Any) -> Any:
+        """``JobCore.record_step``: staged on the loop; a write due now runs in the pool."""
+        core = self._core
+        with core.document.unless_busy() as free:
+            staged = core.stage_step(name, value) if free else None
+        if staged is None:
+            return await self._call(core.record_step, name, value)
+        if staged.write_now:
+            await self._call(core.write_step, name, staged)
+        return json.loads(staged.result)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

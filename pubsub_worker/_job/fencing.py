@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -82,6 +83,22 @@ class FencedDocument:
         with self._lock:
             for path in [p for p in self._pending if p[: len(prefix)] == prefix]:
                 del self._pending[path]
+
+    @contextmanager
+    def unless_busy(self) -> Iterator[bool]:
+        """Hold the document for the block if no write is under way (True); never waits.
+
+        False while another thread writes (a lease renewal): what would stage
+        or read under the block would wait for that write's RPC. An async step
+        stages its record on the event loop only when this is True, and hands
+        it to a thread otherwise, so the loop never waits for Firestore.
+        """
+        free = self._lock.acquire(blocking=False)
+        try:
+            yield free
+        finally:
+            if free:
+                self._lock.release()
 
     def staged(self, prefix: tuple[str, ...]) -> bool:
         """Whether a change under ``prefix`` waits for the next write."""

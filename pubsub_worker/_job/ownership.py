@@ -98,7 +98,7 @@ class JobOwnership:
 
     @property
     def document(self) -> FencedDocument:
-        """The job's fenced document (for the async transactional step)."""
+        """The job's fenced document (for the async job: its transaction, staging unblocked)."""
         return self._doc
 
     # -- the outcome and the lease -------------------------------------------------

@@ -36,6 +36,7 @@ __all__ = [
     "STEPS_BUDGET_BYTES",
     "Budget",
     "Recorded",
+    "StagedStep",
     "StepRecorder",
     "TransactionParts",
     "check_step_name",
@@ -59,6 +60,18 @@ class Recorded:
     """A step's recorded result (which may be ``None``)."""
 
     value: Any
+
+
+@dataclass(frozen=True)
+class StagedStep:
+    """A step's record, staged: what is left to write now, if anything."""
+
+    result: str
+    """The result as stored (its JSON)."""
+    entries: list[OutboxEntry]
+    """The step's outbox entries: written now, then published."""
+    write_now: bool
+    """The record is written before the step returns (outbox entries, or the lease is due)."""
 
 
 class Budget:

@@ -42,7 +42,14 @@ from .keys import JobIdentity
 from .lease import now_utc
 from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, unsent
 from .ownership import JobOwnership
-from .records import Budget, Recorded, TransactionParts, check_step_name, encode
+from .records import (
+    Budget,
+    Recorded,
+    StagedStep,
+    TransactionParts,
+    check_step_name,
+    encode,
+)
 
 __all__ = ["JobCore"]
 
@@ -193,10 +200,18 @@ class JobCore(JobOwnership):
         Call it from long steps. Raises :class:`LostOwnership` if this
         delivery no longer owns the job, so a stale step stops early.
         """
+        if self.beat():
+            self._doc.write()
+
+    def beat(self) -> bool:
+        """:meth:`heartbeat` without its write (no I/O); whether the lease is due a write."""
         self._check()
         self._progress()
-        if self._doc.lease_due():
-            self._doc.write()
+        return self._doc.lease_due()
+
+    def write_now(self) -> None:
+        """Write what is staged now (the lease renewed with it), fenced."""
+        self._doc.write()
 
     # -- the step protocol: step() above, and awaited piece by piece by AsyncJob ------
 
@@ -217,10 +232,15 @@ class JobCore(JobOwnership):
         recorded = self.begin_step(name)
         if recorded is not None:
             return recorded
-        if self._doc.staged((s.STEPS,)):
+        if self.record_staged:
             self._doc.write()  # the previous step's record is durable before this step runs
         self.enter_step(name)
         return None
+
+    @property
+    def record_staged(self) -> bool:
+        """A step's record waits for the next write (:meth:`open_step` writes it first)."""
+        return self._doc.staged((s.STEPS,))
 
     @contextmanager
     def measured(self, name: str) -> Iterator[None]:
@@ -246,6 +266,13 @@ class JobCore(JobOwnership):
 
     def record_step(self, name: str, value: Any) -> Any:
         """Stage the step's record (written now if it has outbox entries); its JSON round trip."""
+        staged = self.stage_step(name, value)
+        if staged.write_now:
+            self.write_step(name, staged)
+        return json.loads(staged.result)
+
+    def stage_step(self, name: str, value: Any) -> StagedStep:
+        """:meth:`record_step` up to its write (no I/O): the record staged, what is left."""
         result = encode(name, value)
         changes, entries = self.outbox_changes(name)
         self._budget.check(name, result, entries)
@@ -254,16 +281,21 @@ class JobCore(JobOwnership):
         self._steps[name] = result
         self._doc.stage({(s.STEPS, name): self.step_record(result), **changes})
         self._progress()
-        if entries:
-            self._doc.write()  # an outbox entry is durable before it is published
+        # An outbox entry is durable before it is published. And progress renews the Firestore
+        # lease whether or not the record had to be written now: a record kept for the next
+        # write would leave the lease as the claim set it.
+        write_now = bool(entries) or (
+            self._doc.lease_due() and self._ctx.tracker.is_current(self._delivery)
+        )
+        return StagedStep(result, entries, write_now)
+
+    def write_step(self, name: str, staged: StagedStep) -> None:
+        """Write a staged step's record now; then publish its outbox entries, if any."""
+        self._doc.write()
+        if staged.entries:
             self._ctx.hooks.after_commit(self.key, name)
-            self._outbox.add(entries)
+            self._outbox.add(staged.entries)
             self._try_publish_unsent()
-        elif self._doc.lease_due() and self._ctx.tracker.is_current(self._delivery):
-            # Progress renews the Firestore lease whether or not the record had to be written
-            # now: a record kept for the next write would leave the lease as the claim set it.
-            self._doc.write()
-        return json.loads(result)
 
     def transaction_parts(self, name: str) -> TransactionParts:
         """What transactional step ``name`` writes with the job; how a lost reply is adopted."""

@@ -7,10 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from pubsub_worker._job.async_job import AsyncJob
 from pubsub_worker._job.keys import document_id
 from pubsub_worker.stores import base as s
-from tests.support.world import FakeMessage, World, world
+from tests.support.world import FakeMessage, FlakyStore, World, world
 
 __all__ = ["world"]  # the fixture, shared with the sync matrix
 
@@ -145,3 +147,75 @@ def test_many_async_jobs_run_at_once_on_one_loop(world: Callable[..., World]) ->
         thread.join(30)
     assert most == 20  # every job was inside its step at the same time, on one loop
     assert [m.outcome for m in messages] == ["ack"] * 20
+
+
+def test_only_the_writes_of_async_steps_leave_the_loop(
+    world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checks and staging run on the loop; each write runs in the I/O pool, never on the loop."""
+    handed: list[str] = []
+    writers: list[str] = []
+
+    async def value() -> int:
+        return 1
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        await job.step("a", value)  # staged: written when b opens
+        await job.step("b", lambda: job.publish("projects/p/topics/out", b"x"))  # written now
+        await job.step("c", value)  # nothing of b's record left to write first
+        await job.heartbeat()  # the lease is not due
+
+    w = world(handle)
+    io = w.wrapped._loop.io
+    submit = io.submit
+
+    def counted(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        handed.append(getattr(fn, "func", fn).__name__)
+        return submit(fn, *args, **kwargs)
+
+    def update(doc_id: str, changes: s.Changes, *, expected: s.Version) -> s.Version:
+        writers.append(threading.current_thread().name)
+        return FlakyStore.update(w.store, doc_id, changes, expected=expected)
+
+    monkeypatch.setattr(io, "submit", counted)
+    monkeypatch.setattr(w.store, "update", update)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert sorted(w.record()["steps"]) == ["a", "b", "c"]
+    # b's function is sync (it runs in the pool); the two writes: a's record, b's outbox.
+    assert handed == ["open_step", "<lambda>", "write_step"]
+    assert not any(name.startswith("pubsub-worker-loop") for name in writers)
+    assert [d for t, d, _ in w.publisher.sent if t.endswith("/out")] == [b"x"]
+
+
+def test_an_async_step_does_not_wait_on_the_loop_for_a_write_under_way(
+    world: Callable[..., World],
+) -> None:
+    """A renewal holding the document: the step's record goes to the pool; the loop runs on."""
+    held, release, gave_up = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def renewal(job: AsyncJob) -> None:  # the lease keeper's write, as long as it takes
+        with job._core.document.unless_busy() as free:
+            assert free
+            held.set()
+            if not release.wait(5):
+                gave_up.set()
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        async def work() -> int:
+            threading.Thread(target=renewal, args=(job,)).start()
+            await asyncio.to_thread(held.wait, 5)
+            return 1
+
+        step = asyncio.create_task(job.step("a", work))
+        await asyncio.to_thread(held.wait, 5)
+        await asyncio.sleep(0.2)  # reached only while the loop runs
+        seen["step waits"] = not step.done()
+        release.set()
+        seen["recorded"] = await step == 1
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert not gave_up.is_set()  # the loop never waited for the renewal to end
+    assert seen == {"step waits": True, "recorded": True}
+    assert sorted(w.record()["steps"]) == ["a"]
