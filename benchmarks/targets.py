@@ -358,8 +358,9 @@ def _operations(report: dict[str, Any], why: str) -> str | None:
             text = (
                 f"lone `wrapped-1`: {row['lone_slot_ms']:.1f} ms to the ack's answer, of which "
                 f"{row['lone_rpc_ms']:.1f} waiting for Firestore's answers and "
-                f"{base['lone_slot_ms']:.1f} the stock client's ack cycle; the rest is hand-offs "
-                "between threads (claim, completer, ack) and the consumer's Python"
+                f"{base['lone_slot_ms']:.1f} the stock client's ack cycle; the rest is the "
+                "consumer's Python and the Firestore client's around each RPC, run cold "
+                "(`python -m benchmarks.lone` splits it)"
             )
         return text
     if why == "billed":
