@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-import json
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
@@ -216,7 +215,7 @@ class AsyncJob(BaseJob):
         """Report progress; raises ``LostOwnership`` if this delivery no longer owns the job."""
         await flush_queued(self)
         if self._core.beat():
-            await self._call(self._core.write_now)
+            await self._call(self._core.document.write)
 
     # What writes nothing runs on the loop: a hand-off to the pool and back costs more
     # CPU than the bookkeeping itself. A write, or staging while a renewal writes, goes
@@ -239,7 +238,7 @@ class AsyncJob(BaseJob):
             return await self._call(core.record_step, name, value)
         if staged.write_now:
             await self._call(core.write_step, name, staged)
-        return json.loads(staged.result)
+        return staged.value
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

@@ -73,6 +73,11 @@ class StagedStep:
     write_now: bool
     """The record is written before the step returns (outbox entries, or the lease is due)."""
 
+    @property
+    def value(self) -> Any:
+        """The step's value as a later delivery gets it back: its JSON round trip."""
+        return json.loads(self.result)
+
 
 class Budget:
     """What the job document's step records and outbox entries use, against the budget."""

@@ -209,10 +209,6 @@ class JobCore(JobOwnership):
         self._progress()
         return self._doc.lease_due()
 
-    def write_now(self) -> None:
-        """Write what is staged now (the lease renewed with it), fenced."""
-        self._doc.write()
-
     # -- the step protocol: step() above, and awaited piece by piece by AsyncJob ------
 
     def begin_step(self, name: str) -> Recorded | None:
@@ -269,7 +265,7 @@ class JobCore(JobOwnership):
         staged = self.stage_step(name, value)
         if staged.write_now:
             self.write_step(name, staged)
-        return json.loads(staged.result)
+        return staged.value
 
     def stage_step(self, name: str, value: Any) -> StagedStep:
         """:meth:`record_step` up to its write (no I/O): the record staged, what is left."""
