@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "DocumentTooLarge",
     "FailurePathUnavailable",
+    "InvalidHandler",
     "InvalidMessage",
     "LimitExceeded",
     "LostOwnership",
@@ -53,6 +54,14 @@ class ConfigError(PubSubWorkerError):
     """A setting is missing, malformed or out of range.
 
     The message names the environment variable and what it accepts.
+    """
+
+
+class InvalidHandler(ConfigError, TypeError):
+    """What was given as a handler cannot be one: refused when it is wrapped or served.
+
+    A handler is ``handler(message, job)`` or ``callback(message)``, sync or
+    ``async def``: a function, a method or an object with ``__call__``.
     """
 
 

@@ -2,26 +2,31 @@
 
 Pub/Sub (with exactly-once delivery) only lets the *latest* ack ID of a
 message acknowledge it. :class:`DeliveryTracker` remembers, per message id,
-the latest delivery this process has seen; a callback running on an older
-one is *superseded* and stops at its next step boundary. :class:`KeyGate`
-lets one callback per job key run at a time in this process: a second
-message with the same key waits its turn, while a newer delivery of the
-*same* message takes over at once (the older one can no longer ack).
+the latest delivery this process has seen. A newer delivery of a message
+whose older delivery is running here *adopts* it: the older one goes on (it
+owns the job in the store) but never settles on Pub/Sub; the newer one waits
+for it at the :class:`KeyGate` and then settles from the job's record. It
+takes the key over without waiting only once the older one is past its
+processing cap (as another process would, the claim then waits for the
+store's lease). :class:`KeyGate` lets one delivery per job key run at a time
+in this process; another message with the same key waits its turn.
 :class:`OrderingKeys` keeps the messages of one ordering key in publish
 order when one of them is deferred or released.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import itertools
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 from pubsub_worker._support import fences
 
-__all__ = ["Delivery", "DeliveryTracker", "KeyGate", "OrderingKeys"]
+__all__ = ["Delivery", "DeliveryTracker", "GateAnswer", "KeyGate", "OrderingKeys"]
 
 
 def ack_digest(ack_id: str) -> str:
@@ -37,16 +42,29 @@ class Delivery:
     ack_id: str
     generation: int
     digest: str
+    deadline: float = math.inf
+    """``time.monotonic()`` when its processing cap passes (receipt + cap)."""
     lost: threading.Event = field(default_factory=threading.Event)
     """Set when this delivery no longer owns the message (see :attr:`lost_why`)."""
     lost_why: str = ""
     """Why: Pub/Sub refused the ack id, or the lease was given up for lack of progress."""
+    successor: Delivery | None = None
+    """A newer delivery of the same message in this process: it settles the message, this one
+    never does (its ack id is stale); it waits for this one while it runs."""
 
     def give_up(self, why: str) -> None:
         """Mark this delivery lost; the first reason given is kept."""
         if not self.lost.is_set():
             self.lost_why = why
             self.lost.set()
+
+    def time_left_s(self, now: float | None = None) -> float:
+        """Seconds until its processing cap passes (negative past it)."""
+        return self.deadline - (time.monotonic() if now is None else now)
+
+    def past_cap(self, now: float | None = None) -> bool:
+        """Its processing cap passed: the process no longer waits for it."""
+        return self.time_left_s(now) <= 0
 
 
 class DeliveryTracker:
@@ -56,20 +74,26 @@ class DeliveryTracker:
         # A worker builds its one tracker as it starts: where a fence switched off for a test
         # is announced, or refused outside the emulators.
         fences.check()
-        self._lock = threading.Lock()  # guards _latest
+        self._lock = threading.Lock()  # guards _latest and _running
         self._latest: dict[str, Delivery] = {}
+        self._running: dict[str, Delivery] = {}  # digest -> every delivery in flight
         self._generations = itertools.count(1)
 
-    def register(self, message_id: str, ack_id: str) -> Delivery:
-        """Record a new delivery; it supersedes every earlier delivery of the message."""
+    def register(self, message_id: str, ack_id: str, *, deadline: float = math.inf) -> Delivery:
+        """Record a new delivery: the latest of its message, the successor of the one before."""
         delivery = Delivery(
             message_id=message_id,
             ack_id=ack_id,
             generation=next(self._generations),
             digest=ack_digest(ack_id),
+            deadline=deadline,
         )
         with self._lock:
+            previous = self._latest.get(message_id)
+            if previous is not None:
+                previous.successor = delivery
             self._latest[message_id] = delivery
+            self._running[delivery.digest] = delivery
         return delivery
 
     def seen(self, message_id: str) -> bool:
@@ -80,7 +104,8 @@ class DeliveryTracker:
     def is_current(self, delivery: Delivery) -> bool:
         """True while ``delivery`` is the latest one of its message and not known lost.
 
-        This is the ``generation`` fence (:mod:`pubsub_worker._support.fences`).
+        Only a current delivery settles on Pub/Sub (acks, nacks, defers); this
+        is the ``generation`` fence (:mod:`pubsub_worker._support.fences`).
         """
         if fences.off("generation"):
             return True  # switched off in a test: a superseded delivery goes on and settles
@@ -89,15 +114,27 @@ class DeliveryTracker:
         with self._lock:
             return self._latest.get(delivery.message_id) is delivery
 
-    def superseded(self, message_id: str, digest: str) -> bool:
-        """True when this process holds a newer delivery than the one with ``digest``."""
+    @staticmethod
+    def owns(delivery: Delivery) -> bool:
+        """The delivery may go on with its job: not lost (a newer delivery here adopts it)."""
+        return fences.off("generation") or not delivery.lost.is_set()
+
+    def abandoned(self, message_id: str, digest: str, now: float | None = None) -> bool:
+        """This process holds the delivery ``digest`` of ``message_id``, past its cap.
+
+        A claim may take over a live lease held by such a delivery: its job is
+        stopping, and it is the only one that could still write.
+        """
         with self._lock:
-            latest = self._latest.get(message_id)
-        return latest is not None and latest.digest != digest
+            delivery = self._running.get(digest)
+        if delivery is None or delivery.message_id != message_id:
+            return False
+        return fences.off("adoption") or delivery.past_cap(now)
 
     def forget(self, delivery: Delivery) -> None:
-        """Drop ``delivery`` once its callback ended, unless a newer one replaced it."""
+        """Drop ``delivery`` once it ended; it stays the latest only while no newer one exists."""
         with self._lock:
+            self._running.pop(delivery.digest, None)
             if self._latest.get(delivery.message_id) is delivery:
                 del self._latest[delivery.message_id]
 
@@ -106,36 +143,68 @@ class DeliveryTracker:
             return len(self._latest)
 
 
+class GateAnswer(enum.Enum):
+    """How a wait at the :class:`KeyGate` ended."""
+
+    HELD = "held"
+    """The delivery holds the key."""
+    SUPERSEDED = "superseded"
+    """A newer delivery of its message arrived, or it was lost: it stands down."""
+    TIMEOUT = "timeout"
+    """The key stayed busy until the delivery's wait ended (its time left, or a lease)."""
+    DRAINING = "draining"
+    """The worker stops taking jobs."""
+
+
 class KeyGate:
     """One holder per job key in this process; others wait their turn.
 
-    A newer delivery of the holder's own message does not wait: the holder
-    is superseded (it cannot ack any more) and stops at its next boundary.
+    A newer delivery of the holder's own message waits too (it adopts the
+    running delivery and settles from its record); only a holder past its
+    processing cap is passed over at once. :meth:`wake` ends every wait
+    early to look at the draining flag again.
     """
 
-    def __init__(self, tracker: DeliveryTracker) -> None:
+    def __init__(self, tracker: DeliveryTracker, draining: threading.Event | None = None) -> None:
         self._tracker = tracker
+        self._draining = draining or threading.Event()
         self._cond = threading.Condition()  # guards _holders
         self._holders: dict[str, Delivery] = {}
 
-    def acquire(self, key: str, delivery: Delivery, *, timeout_s: float) -> bool:
-        """Become the holder of ``key``; False on timeout or when ``delivery`` was superseded."""
-        deadline = time.monotonic() + timeout_s
+    def acquire(
+        self, key: str, delivery: Delivery, *, timeout_s: float, other_s: float
+    ) -> GateAnswer:
+        """Become the holder of ``key``; otherwise why not.
+
+        Waits at most ``timeout_s`` for an older delivery of the same message
+        (its adopter waits for it), and at most ``other_s`` of that for another
+        message's delivery.
+        """
+        start = time.monotonic()
         with self._cond:
             while True:
-                holder = self._holders.get(key)
-                if holder is None or (
-                    holder.message_id == delivery.message_id
-                    and holder.generation < delivery.generation
-                ):
-                    self._holders[key] = delivery
-                    return True
                 if not self._tracker.is_current(delivery):
-                    return False
-                remaining = deadline - time.monotonic()
+                    return GateAnswer.SUPERSEDED
+                if self._draining.is_set():
+                    return GateAnswer.DRAINING
+                now = time.monotonic()
+                holder = self._holders.get(key)
+                if holder is None or self._passed_over(holder, delivery, now):
+                    self._holders[key] = delivery
+                    return GateAnswer.HELD
+                adopting = holder.message_id == delivery.message_id
+                limit = timeout_s if adopting else min(timeout_s, other_s)
+                remaining = start + limit - now
                 if remaining <= 0:
-                    return False
-                self._cond.wait(min(remaining, 1.0))
+                    return GateAnswer.TIMEOUT
+                self._cond.wait(min(remaining, 1.0, max(holder.time_left_s(now), 0.01)))
+
+    @staticmethod
+    def _passed_over(holder: Delivery, delivery: Delivery, now: float) -> bool:
+        if holder.past_cap(now):
+            return True  # abandoned: the claim will wait for its lease as another process would
+        same_message = holder.message_id == delivery.message_id
+        return same_message and fences.off("adoption") and holder.generation < delivery.generation
 
     def release(self, key: str, delivery: Delivery) -> None:
         """Give ``key`` up, if ``delivery`` still holds it."""
@@ -143,6 +212,11 @@ class KeyGate:
             if self._holders.get(key) is delivery:
                 del self._holders[key]
                 self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake every waiter (the worker started draining)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def __len__(self) -> int:
         with self._cond:
@@ -173,16 +247,21 @@ class OrderingKeys:
     before it, or at the same time and received here first); a
     completed, acked or reviewed message finishes. An entry expires
     ``expiry_s`` after its message was expected back (it may have come back
-    to another worker), so a key is never blocked for good.
-    """
+    to another worker), so a key is never blocked for good; expired entries
+    of every key are pruned together at least once per ``expiry_s``, so
+    memory follows the deferrals of the last ``expiry_s`` whatever keys come
+    back (there is no count at which protection stops).
 
-    MAX_ENTRIES = 100_000
+    A push endpoint does not use it: Pub/Sub pushes the next message of a
+    key only once the previous one was answered with a 2xx.
+    """
 
     def __init__(self, *, expiry_s: float) -> None:
         self._expiry_s = expiry_s
-        self._lock = threading.Lock()  # guards _keys and _count
+        self._lock = threading.Lock()  # guards _keys, _count and _next_sweep
         self._keys: dict[str, dict[str, _Unfinished]] = {}
         self._count = 0
+        self._next_sweep = -math.inf  # the first call sweeps (nothing) and sets the next
         self._arrivals = itertools.count(1)
 
     def arrival(self) -> int:
@@ -204,6 +283,7 @@ class OrderingKeys:
         """
         now = time.monotonic() if now is None else now
         with self._lock:
+            self._sweep(now)
             entries = self._prune(key, now)
             own = entries.get(message_id)
             mine = (published, own.arrival if own is not None else arrival)
@@ -226,11 +306,10 @@ class OrderingKeys:
         """``message_id`` of ``key`` ended without being done; it is back in ``delay_s``."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            self._sweep(now)
             entries = self._prune(key, now)
             own = entries.get(message_id)
             if own is None:
-                if self._count >= self.MAX_ENTRIES:
-                    return  # bounded memory: past this, later messages are not held back
                 self._count += 1
             else:
                 arrival = own.arrival  # its first arrival stays its place in the key
@@ -249,6 +328,14 @@ class OrderingKeys:
     def __len__(self) -> int:
         with self._lock:
             return self._count
+
+    def _sweep(self, now: float) -> None:
+        """Prune every key's expired entries, once per ``expiry_s`` (amortised: O(1) a call)."""
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._expiry_s
+        for key in list(self._keys):
+            self._prune(key, now)
 
     def _prune(self, key: str, now: float) -> dict[str, _Unfinished]:
         entries = self._keys.get(key, {})

@@ -194,6 +194,19 @@ class LeaseKeeper:
             if ticket.received_at + self._max_processing_s <= now:
                 job.abandoned.set()  # it waited past the cap before it could start
 
+    def hold(self, ticket: Ticket, expire: Callable[[], None]) -> None:
+        """The message is held by the user's own threads: ``expire`` concludes it past the cap.
+
+        A message whose cap passed before it was held (it waited for a thread
+        past it) is expired at once.
+        """
+        with self._lock:
+            ticket.expire = expire
+            late = ticket.job is not None and ticket.job.abandoned.is_set()
+        if late:
+            self._metrics.inc(Counter.ABANDONED)
+            self._submit(expire)
+
     def forget(self, ticket: Ticket) -> None:
         """Stop watching; call when the delivery is settled, whatever the outcome."""
         with self._lock:
@@ -239,7 +252,10 @@ class LeaseKeeper:
         if now - ticket.received_at > self._max_processing_s:
             self._abandon(ticket, now)
             return
-        due = now - ticket.last_renewal >= self._lease_s / 2
+        # Adopted by a newer delivery of its message (which renews its own, newer ack id):
+        # this one's ack id is stale, so only its job's progress and Firestore lease matter.
+        adopted = ticket.delivery.successor is not None
+        due = not adopted and now - ticket.last_renewal >= self._lease_s / 2
         if job is None:
             if due:
                 self._renew(ticket, now)
@@ -288,6 +304,8 @@ class LeaseKeeper:
                 return
             self._metrics.inc(Counter.RENEWAL_FAILURES)
             if isinstance(error, AcknowledgeError) and error.error_code in LOST_STATUSES:
+                if ticket.delivery.successor is not None:
+                    return  # a newer delivery here adopted it: that one holds the message now
                 ticket.delivery.give_up("Pub/Sub refused this delivery's ack id")
                 log.warning("lease renewal refused (%s); ownership lost", error.error_code.name)
             else:

@@ -72,8 +72,9 @@ class ClaimRequest:
     delivery: str
     lease_s: float
     retention_s: float
-    superseded: Callable[[str, str], bool]
-    """``superseded(message_id, delivery)``: this process knows a newer delivery exists."""
+    abandoned: Callable[[str, str], bool]
+    """``abandoned(message_id, delivery)``: that delivery is this process's own, running past
+    its processing cap (it stops at its next boundary); its live lease may be taken over."""
     trace_parent: str | None = None
     """The delivery's span context, stored with a new job so later deliveries link to it."""
 
@@ -119,14 +120,14 @@ def decide(
         return ClaimKind.FAILED
     if record.status is Status.RUNNING:
         live = lease_left_s(record, now, read_time=read_time, update_time=update_time) > 0
-        ours_superseded = (
+        ours_abandoned = (
             record.owner == request.owner
-            and record.message_id == request.message_id
+            and record.message_id is not None
             and record.delivery is not None
             and record.delivery != request.delivery
-            and request.superseded(record.message_id, record.delivery)
+            and request.abandoned(record.message_id, record.delivery)
         )
-        if live and not ours_superseded:
+        if live and not ours_abandoned:
             return ClaimKind.BUSY
     return ClaimKind.CLAIMED
 

@@ -222,23 +222,26 @@ class FailurePath:
         does not ack, and the message comes back after a backoff.
         """
         log = job_logger(_LOGGER, key, message_id)
-        review = None
-        if self._topic is not None:
-            review = self.review_message(
-                message_id,
-                data,
-                attributes,
-                key,
-                record.reason or "error",
-                record.error or "",
-                record.attempts,
+        if self._topic is None:
+            raise FailurePathUnavailable(
+                "the failed job's failure message is still pending (it was failed while "
+                "PUBSUB_WORKER_FAILURE_TOPIC was set), but PUBSUB_WORKER_FAILURE_TOPIC is not "
+                "set now: set it again so the message is published for review; until then the "
+                "message is not acked"
             )
+        review = self.review_message(
+            message_id,
+            data,
+            attributes,
+            key,
+            record.reason or "error",
+            record.error or "",
+            record.attempts,
+        )
         if review is None:
             log.warning(
-                "the failed job's failure message is pending, but %s; acked without it",
-                "it does not fit a failure message"
-                if self._topic
-                else "PUBSUB_WORKER_FAILURE_TOPIC is not set",
+                "the failed job's failure message is pending, but it does not fit a failure "
+                "message; acked without it"
             )
             return
         self._publish_review(data, review)

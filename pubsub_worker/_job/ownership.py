@@ -2,8 +2,10 @@
 
 :class:`JobOwnership` is the part of :class:`~pubsub_worker._job.steps.JobCore`
 that decides whether this delivery may still act: the checks every step and
-heartbeat makes (the handler returned, the job finished, another owner or a
-newer delivery, the processing cap, a shutdown), and the renewal of the
+heartbeat makes (the handler returned, the job finished, another owner, a
+delivery Pub/Sub refused or the keeper gave up, the processing cap, a shutdown;
+a newer delivery of the message in this process adopts the job and does not
+stop it), and the renewal of the
 Firestore lease the lease keeper asks for (:mod:`pubsub_worker._delivery.lease`).
 """
 
@@ -128,7 +130,7 @@ class JobOwnership:
         Called by the lease keeper, off the handler's thread, when it renews the
         Pub/Sub lease: the two leases are kept together. A held job (:attr:`held`)
         counts as progressing, as the stock client keeps a message it holds. Does
-        nothing once the job is finished, stopped or superseded; a write refused by
+        nothing once the job is finished, stopped or lost; a write refused by
         another owner marks the job lost (its next boundary raises).
         """
         if not self._renewing.acquire(blocking=False):
@@ -136,7 +138,7 @@ class JobOwnership:
         try:
             if self.stop_error is not None:
                 return
-            if not self._ctx.tracker.is_current(self._delivery):
+            if not self._ctx.tracker.owns(self._delivery):
                 return
             if self.store_lease_due:
                 self._doc.write()
@@ -156,11 +158,8 @@ class JobOwnership:
             self.stop_error, ProcessingTimeout | ShuttingDown
         ):
             raise self.stop_error
-        if not self._ctx.tracker.is_current(self._delivery):
-            lost = self._delivery.lost.is_set()
-            raise self._lose(
-                self._delivery.lost_why if lost else "a newer delivery of this message exists"
-            )
+        if not self._ctx.tracker.owns(self._delivery):
+            raise self._lose(self._delivery.lost_why)
 
     def _check_open(self) -> None:
         if self._returned:

@@ -281,7 +281,7 @@ class JobCore(JobOwnership):
         # lease whether or not the record had to be written now: a record kept for the next
         # write would leave the lease as the claim set it.
         write_now = bool(entries) or (
-            self._doc.lease_due() and self._ctx.tracker.is_current(self._delivery)
+            self._doc.lease_due() and self._ctx.tracker.owns(self._delivery)
         )
         return StagedStep(result, entries, write_now)
 

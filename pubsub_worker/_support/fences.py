@@ -10,7 +10,11 @@ fence            where, what it guards                           switched off
 ===============  ==============================================  ===============================
 ``generation``   ``DeliveryTracker.is_current``: only the        every delivery counts as
                  latest delivery of a message, not given up      current: a superseded one
-                 nor refused by Pub/Sub, goes on and concludes   runs on and settles
+                 nor refused by Pub/Sub, settles on Pub/Sub      runs on and settles
+``adoption``     ``KeyGate.acquire`` and ``claim.claim``: a      the newer delivery takes the
+                 newer delivery of a message running in this     key and the job over at once:
+                 process waits for it and settles from the       the running step runs twice
+                 record; it takes over only past the cap
 ``claim``        ``claim.claim``: create-if-absent, and the      the claim writes over the
                  compare-and-set on the version it decided on    document it finds now
 ``commit``       ``FencedDocument.write``: the version           a write uses the document's
@@ -47,7 +51,7 @@ from pubsub_worker.errors import ConfigError
 
 __all__ = ["ENV", "FENCES", "Fence", "check", "disabled", "off", "parse"]
 
-Fence = Literal["generation", "claim", "commit", "transaction", "durable-ack", "outbox"]
+Fence = Literal["generation", "adoption", "claim", "commit", "transaction", "durable-ack", "outbox"]
 """The name of a fence that a test may switch off."""
 
 FENCES: tuple[Fence, ...] = get_args(Fence)

@@ -1,7 +1,13 @@
-"""A delivery's claim step: claim the job, waiting a little while another owner's lease runs.
+"""A delivery's way to its claim: the key in this process, then the job in the store.
 
-:func:`claim_job` returns the claim when the job is this delivery's to run,
-and otherwise what happened, which the delivery's flow concludes
+Time left decides before anything is written: a delivery whose processing cap
+leaves it less than :func:`min_time_left_s` is not claimed (it comes back
+later, no attempt counted), and every wait on the way (the key gate, another
+owner's live lease) ends that much before the cap. :func:`enter_gate` waits
+for the job's key in this process: an older delivery of the same message is
+waited for (its adopter settles from its record), another message of the
+same key at most a lease. :func:`claim_job` returns the claim when the job is
+this delivery's to run, and otherwise what happened, which the delivery's flow concludes
 (:meth:`~pubsub_worker._worker.flow.DeliveryFlow.conclude`): superseded,
 draining, busy for too long, the store down, or a job that is done already
 or whose key was used for another payload. A job found failed with its
@@ -16,18 +22,62 @@ import time
 
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._delivery.generations import Delivery, GateAnswer
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._support.metrics import Counter
-from pubsub_worker.errors import ShuttingDown
+from pubsub_worker.errors import ProcessingTimeout, ShuttingDown
 
 from .outcome import Happened, Phase
 from .runtime import Runtime
 
-__all__ = ["BUSY_WAIT_S", "claim_job"]
+__all__ = ["BUSY_WAIT_S", "MIN_TIME_LEFT_S", "claim_job", "enter_gate", "min_time_left_s"]
 
 BUSY_WAIT_S = 10.0
 """How long a delivery polls another owner's live lease before it defers."""
+
+MIN_TIME_LEFT_S = 10.0
+"""The most of its processing cap a delivery must have left to claim its job."""
+
+
+def min_time_left_s(cap_s: float) -> float:
+    """What a delivery needs left of its cap to claim: a quarter of the cap, 1 to 10 s.
+
+    A claim with less would most likely be stopped at the job's first boundary
+    and released with the attempt counted: a healthy job would burn its
+    attempts while it waits (a push request queued past its deadline).
+    """
+    return min(max(cap_s / 4, 1.0), MIN_TIME_LEFT_S)
+
+
+def spare_s(rt: Runtime, delivery: Delivery) -> float:
+    """How long the delivery may still wait before it must claim (negative: too late)."""
+    left = delivery.time_left_s(time.monotonic())
+    return left - min_time_left_s(rt.settings.max_processing_seconds)
+
+
+def _too_late() -> Happened:
+    why = "too little of its processing cap is left to claim the job; it comes back later"
+    return Happened(Phase.GATE, error=ProcessingTimeout(why))
+
+
+def enter_gate(rt: Runtime, doc_id: str, delivery: Delivery) -> Happened | None:
+    """Hold the job's key in this process (None), or what happened instead.
+
+    Never waits past the delivery's time left; another message's holder at
+    most a lease. Ends early when the worker drains (not claimed, nacked) or
+    when a newer delivery of this message arrives (it stands down).
+    """
+    spare = spare_s(rt, delivery)
+    if spare <= 0:
+        return _too_late()
+    answer = rt.gate.acquire(doc_id, delivery, timeout_s=spare, other_s=rt.settings.lease_seconds)
+    if answer is GateAnswer.HELD:
+        return None
+    if answer is GateAnswer.SUPERSEDED:
+        return Happened(Phase.GATE, current=False)
+    if answer is GateAnswer.DRAINING:
+        return Happened(Phase.CLAIM, error=ShuttingDown("the worker is draining"))
+    return _too_late() if spare_s(rt, delivery) <= 0 else Happened(Phase.GATE)
 
 
 def claim_job(
@@ -41,14 +91,16 @@ def claim_job(
     """The claim, when the job was claimed; otherwise what happened at the claim.
 
     Polls another owner's live lease (at most once a second) for up to
-    ``BUSY_WAIT_S``: never past a lease, nor past half the processing cap (a
-    push request's cap is below its lease: a claim won after the cap would only
-    be released again, an attempt spent), nor once jobs are asked to stop.
-    ``redelivery``: the job's document probably exists (read it first).
+    ``BUSY_WAIT_S``: never past a lease, nor past the delivery's time left (a
+    claim won then would only be released again, an attempt spent), nor once
+    jobs are asked to stop. ``redelivery``: the job's document probably exists
+    (read it first).
     """
     settings = rt.settings
-    wait_s = min(BUSY_WAIT_S, settings.lease_seconds, settings.max_processing_seconds / 2)
-    give_up = time.monotonic() + wait_s
+    spare = spare_s(rt, delivery)
+    if spare <= 0:
+        return _too_late()
+    give_up = time.monotonic() + min(BUSY_WAIT_S, settings.lease_seconds, spare)
     try:
         while True:
             if not rt.tracker.is_current(delivery):

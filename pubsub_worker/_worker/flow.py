@@ -37,7 +37,7 @@ from pubsub_worker._support.tracing import DeliveryTrace
 from pubsub_worker.errors import ConfigError, LostOwnership, ProcessingTimeout
 
 from . import report
-from .claiming import claim_job
+from .claiming import claim_job, enter_gate
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
 from .settle import ack_early, note_order, ordering_key, settle
@@ -84,7 +84,7 @@ class DeliveryFlow:
         self._started = time.monotonic()
         self.trace = DeliveryTrace(message, rt.settings.subscription_path)
         self._published = message.publish_time.timestamp()
-        self._arrival = rt.ordering.arrival()
+        self._arrival = rt.ordering.arrival() if rt.ordering is not None else 0
         self.decision: Decision | None = None
         self.settled: concurrent.futures.Future[Settled] = concurrent.futures.Future()
         """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
@@ -110,16 +110,18 @@ class DeliveryFlow:
         self._identity = identity
         self._log = job_logger(_LOGGER, identity.key, message.message_id)
         self._ticket.key = identity.key
-        order_key = ordering_key(message)
+        order_key = ordering_key(message) if rt.ordering is not None else ""
         if order_key:
+            assert rt.ordering is not None
             wait_s = rt.ordering.blocked_for(
                 order_key, message.message_id, self._published, self._arrival
             )
             if wait_s is not None:
                 self.conclude(Happened(Phase.ORDER, busy_for_s=wait_s))
                 return
-        if not rt.gate.acquire(identity.doc_id, self._delivery, timeout_s=settings.lease_seconds):
-            self.conclude(Happened(Phase.GATE))
+        refused = enter_gate(rt, identity.doc_id, self._delivery)
+        if refused is not None:
+            self.conclude(refused)
             return
         self._gate_doc = identity.doc_id
         # Claim, start, run: a step that cannot go on concludes the delivery and gives None.
@@ -183,7 +185,7 @@ class DeliveryFlow:
         if job is None or not self.detach(counted=True):
             return False
         job.held = True
-        self._ticket.expire = self._expire
+        self._rt.keeper.hold(self._ticket, self._expire)
         return True
 
     def _expire(self) -> None:
@@ -232,7 +234,7 @@ class DeliveryFlow:
             delivery=self._delivery.digest,
             lease_s=settings.lease_seconds,
             retention_s=settings.retention_days * 86400.0,
-            superseded=rt.tracker.superseded,
+            abandoned=rt.tracker.abandoned,
             trace_parent=self.trace.trace_parent(),
         )
         redelivery = seen or (message.delivery_attempt or 1) > 1
@@ -301,12 +303,11 @@ class DeliveryFlow:
                 job.handler_returned()  # nothing the handler's threads do now changes this
                 if job.stop_error is not None:
                     error = job.stop_error
-            happened = happened.seen(
-                current=self._rt.tracker.is_current(self._delivery), error=error
-            )
+            happened = happened.seen(current=self._may_go_on(), error=error)
             attempts = job.attempt if job is not None else 0
             decision = self.carry_out(
-                decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts)
+                decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts),
+                error=error,
             )
         with self._state:
             detached = self._detached
@@ -314,14 +315,35 @@ class DeliveryFlow:
             self._end()
         return decision
 
-    def carry_out(self, decision: Decision) -> Decision:
-        """Make the write ``decision`` needs (deciding again if it fails), settle, report."""
+    def _may_go_on(self) -> bool:
+        """Whether this delivery's outcome is still its own to decide.
+
+        Before its claim, only the latest delivery of the message goes on (an
+        older one stands down for the newer); once it holds the job, it goes on
+        until it is lost: a newer delivery of the message in this process
+        adopts it and settles after it (:meth:`_settle`).
+        """
+        tracker = self._rt.tracker
+        if self._job is None:
+            return tracker.is_current(self._delivery)
+        return tracker.owns(self._delivery)
+
+    def carry_out(self, decision: Decision, *, error: BaseException | None = None) -> Decision:
+        """Make the write ``decision`` needs (deciding again if it fails), settle, report.
+
+        ``error``: what ended the handler, logged with its traceback.
+        """
         decision = self._write_or_redecide(decision)
         self.decision = decision
         rt = self._rt
         renewal_lost = self._delivery.lost.is_set()
         report.count(
-            decision, metrics=rt.metrics, log=self._log, job=self._job, renewal_lost=renewal_lost
+            decision,
+            metrics=rt.metrics,
+            log=self._log,
+            job=self._job,
+            renewal_lost=renewal_lost,
+            error=error,
         )
         self._settle(decision)
         report.ended(
@@ -347,7 +369,7 @@ class DeliveryFlow:
                     self._log.error("failure path failed; the message comes back: %s", exc)
                 phase = decision.outcome.write
                 assert phase is not None  # only a write fails
-                current = rt.tracker.is_current(self._delivery)
+                current = self._may_go_on()
                 decision = decide(
                     Happened(phase, error=exc, current=current),
                     attempts=attempts,
@@ -356,8 +378,16 @@ class DeliveryFlow:
         return decision
 
     def _settle(self, decision: Decision) -> None:
-        """Settle on Pub/Sub, with the hooks around it and the ordering key noted first."""
+        """Settle on Pub/Sub, with the hooks around it and the ordering key noted first.
+
+        A delivery that a newer one of its message adopted never settles with
+        its stale handle: it is dropped, and the newer one, which waits for
+        this one's key, settles from the record this one left.
+        """
         rt = self._rt
+        if decision.outcome is not Outcome.DROP and not rt.tracker.is_current(self._delivery):
+            why = f"{decision.why}; a newer delivery of this message settles it"
+            decision = Decision(Outcome.DROP, why, phase=decision.phase)
         key = self._identity.key if self._identity is not None else None
         message_id = self._message.message_id
         if decision.outcome.acks:
@@ -367,9 +397,14 @@ class DeliveryFlow:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
             self.settled.set_result(Settled(decision, answer))
 
-        note_order(
-            rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
-        )
+        if rt.ordering is not None:
+            note_order(
+                rt.ordering,
+                self._message,
+                decision,
+                published=self._published,
+                arrival=self._arrival,
+            )
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)

@@ -18,6 +18,7 @@ only code in the library that acks, nacks, defers or drops a Pub/Sub message.
     order      an earlier message of its ordering    DEFER (until that one is back)
                key deferred or released here
     gate       key busy in this process too long     DEFER
+               too little of the cap left to claim   DEFER (nothing written)
     claim      worker draining (not claimed)         NACK
                completed / failed already            ACK (a failed job's pending
                                                      failure message published first)
@@ -26,7 +27,7 @@ only code in the library that acks, nacks, defers or drops a Pub/Sub message.
                store unavailable                     DEFER (backoff)
                claimed, attempts left                RUN
                claimed, MAX_ATTEMPTS reached         REVIEW
-    run        superseded, and any error             DROP
+    run        lost (Pub/Sub refused it, given up)   DROP
                returned                              COMPLETE
                PermanentError (too large, limits)    REVIEW
                ShuttingDown                          RELEASE
@@ -282,6 +283,8 @@ def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:
         why = "an earlier message of its ordering key is not done yet"
         return Decision(Outcome.DEFER, why, delay_s=delay)
     if phase is Phase.GATE:
+        if isinstance(error, ProcessingTimeout):  # not claimed: no attempt counted
+            return Decision(Outcome.DEFER, str(error), delay_s=MIN_DEFER_S)
         return Decision(Outcome.DEFER, "the key stayed busy in this process", delay_s=MIN_DEFER_S)
     if phase is Phase.CLAIM:
         return _after_claim(happened, attempts, max_attempts, lost)

@@ -13,7 +13,7 @@ from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter, Histogram, Metrics
 from pubsub_worker._support.tracing import DeliveryTrace
-from pubsub_worker.errors import ShuttingDown
+from pubsub_worker.errors import LostOwnership, ShuttingDown
 
 from .outcome import Decision, Outcome, Phase
 
@@ -33,9 +33,23 @@ and logged by the failure path). ``LOST_OWNERSHIP`` is labelled with where it wa
 
 
 def count(
-    decision: Decision, *, metrics: Metrics, log: JobLogger, job: JobCore | None, renewal_lost: bool
+    decision: Decision,
+    *,
+    metrics: Metrics,
+    log: JobLogger,
+    job: JobCore | None,
+    renewal_lost: bool,
+    error: BaseException | None = None,
 ) -> None:
-    """Count the outcome and log it (``renewal_lost``: the delivery's lease renewal failed)."""
+    """Count the outcome and log it (``renewal_lost``: the delivery's lease renewal failed).
+
+    An exception the handler raised (``error``, not one of the job's stop
+    signals) is logged with its traceback: on the outcome's line, or on a
+    line of its own when it sends the job to review.
+    """
+    raised = _raised(decision, error)
+    if raised is not None and decision.outcome is Outcome.REVIEW:
+        log.error("the handler raised: %s", decision.why, exc_info=raised)
     if decision.error_type == ShuttingDown.__name__ and decision.phase is Phase.CLAIM:
         log.info("%s", decision.why)  # draining, not claimed: nothing was lost
         return
@@ -53,7 +67,14 @@ def count(
     if decision.outcome is Outcome.COMPLETE:
         assert job is not None
         fields.update(attempt=job.attempt, epoch=job.epoch)
-    log.log(level, text, fields)
+    log.log(level, text, fields, exc_info=raised)
+
+
+def _raised(decision: Decision, error: BaseException | None) -> BaseException | None:
+    """The handler's own exception, with a traceback to show; None for a stop signal."""
+    if error is None or decision.phase is not Phase.RUN or error.__traceback__ is None:
+        return None
+    return None if isinstance(error, LostOwnership) else error
 
 
 def _lost_phase(decision: Decision, renewal_lost: bool) -> str:

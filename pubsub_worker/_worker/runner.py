@@ -178,11 +178,11 @@ def _consume(
 
 
 def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
+    """The engine's shutdown, with the stream closed once every ack is sent."""
+    engine = wrapped.engine
     grace = settings.shutdown_grace_seconds
     _LOGGER.info("stopping: no new messages; %d in flight get %.0f s", wrapped.in_flight(), grace)
-    timer = threading.Timer(grace, wrapped.stop_jobs)
-    timer.daemon = True
-    timer.start()
+    engine.begin_shutdown(grace)  # nothing more is claimed; past the grace, jobs stop
     # Acks must be sent before the stream closes: from now on each callback concludes its
     # own delivery, and the conclusions already handed off are waited for.
     if not wrapped.drain(grace):
@@ -192,13 +192,7 @@ def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
         streaming.result(timeout=grace + _AFTER_GRACE_S)
     except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever the stream says
         _LOGGER.warning("subscriber did not close cleanly: %s", exc)
-    timer.cancel()
-    deadline = time.monotonic() + 1.0
-    while wrapped.in_flight() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if wrapped.in_flight():
-        _LOGGER.warning("%d job(s) still running after the grace period", wrapped.in_flight())
-    wrapped.close()
+    engine.finish_shutdown(timeout_s=1.0)
 
 
 def _on_stop_signals(stop: threading.Event, received: list[int] | None = None) -> Callback:

@@ -63,8 +63,9 @@ class Runtime:
     only a caller that drains it before closing the stream may, as :func:`run` does)."""
     draining: threading.Event
     """Set when the worker stops taking messages: a delivery not yet claimed is nacked."""
-    ordering: OrderingKeys
-    """Messages of an ordering key that ended here without being done: later ones wait."""
+    ordering: OrderingKeys | None
+    """Messages of an ordering key that ended here without being done: later ones wait
+    (None for a push endpoint: Pub/Sub pushes a key's next message only after a 2xx)."""
     checked: bool = False
     """The subscription and failure topic were checked."""
 
@@ -78,8 +79,12 @@ def build(
     hooks: Hooks,
     stopping: threading.Event,
     draining: threading.Event,
+    ordering: bool = True,
 ) -> Runtime:
-    """Clients, store and helpers for ``settings``; checks Firestore when it makes the client."""
+    """Clients, store and helpers for ``settings``; checks Firestore when it makes the client.
+
+    ``ordering``: keep the ordering keys' memory (a push endpoint has none).
+    """
     subscription = settings.subscription_path  # ConfigError when unset
     if store is None:
         client = firestore_client or clients.firestore_client(settings)
@@ -134,7 +139,7 @@ def build(
         store=store,
         publish=publish,
         tracker=tracker,
-        gate=KeyGate(tracker),
+        gate=KeyGate(tracker, draining),
         keeper=keeper,
         metrics=metrics,
         failure=failure,
@@ -143,7 +148,9 @@ def build(
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
         completer=Completer(settings.max_messages, taking=False),  # run() opens it
         draining=draining,
-        ordering=OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)),
+        ordering=(
+            OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)) if ordering else None
+        ),
     )
 
 

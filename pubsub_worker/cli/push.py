@@ -41,6 +41,9 @@ _LOGGER = logging.getLogger("pubsub_worker")
 DEFAULT_PORT = 8080
 """The port served when neither ``--port`` nor ``$PORT`` says otherwise."""
 
+_SPARE_CONNECTIONS = 16
+"""Requests uvicorn admits beyond ``MAX_MESSAGES``: probes, and the busy answers themselves."""
+
 _CLOSE_MARGIN_S = 5.0
 """What requests get past the grace to be released and answered before connections close."""
 
@@ -84,6 +87,9 @@ def cmd_push(args: argparse.Namespace, settings: Settings) -> int:
         log_config=None,  # the command's own logging (text or JSON lines)
         access_log=False,  # every delivery logs its outcome with its key and message id
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds + _CLOSE_MARGIN_S) + 1,
+        # Past MAX_MESSAGES requests the endpoint answers 503 at once; past this many open
+        # requests uvicorn itself does, before reading them (probes keep some room).
+        limit_concurrency=settings.max_messages + _SPARE_CONNECTIONS,
     )
     server = _server(config, app, health, settings.subscription_path)
     # uvicorn re-raises the signal it stopped on through the handler it found: a no-op here,

@@ -3,11 +3,14 @@
 ===========  ========================================================================
 route        answer
 ===========  ========================================================================
-``POST /``   a push request: token checked (401/403, before the body is read), body
-             read (413 past :data:`~pubsub_worker.push.envelope.MAX_BODY_BYTES`),
+``POST /``   a push request: 503 at once (``Retry-After``) when ``MAX_MESSAGES``
+             requests are being delivered already; token checked (401/403, before
+             the body is read), body read whole (413 past
+             :data:`~pubsub_worker.push.envelope.MAX_BODY_BYTES`; a body cut short of
+             its ``Content-Length`` or by a disconnect is no delivery: nothing runs),
              parsed (400 with the reason when it is no push request), then delivered
-             through the job protocol (:mod:`pubsub_worker.push.delivery`): 200 only
-             once the completion or the failed record is durable
+             through the delivery engine (:mod:`pubsub_worker.push.delivery`): 200
+             only once the completion or the failed record is durable
 ``/livez``   200 while the endpoint serves; 503 once it was closed
 ``/readyz``  200 once started (the clients built, the failure topic checked) and not
              draining; 503 with the reason otherwise (a probe starts it if needed)
@@ -18,8 +21,10 @@ workers) it starts and stops with the ASGI lifespan; mounted in a Starlette
 or FastAPI app (``app.mount("/pubsub", push_app)``: routes are relative to
 the mount) it starts on the first request or probe, and the host app's
 lifespan should call :meth:`PushApp.shutdown` so in-flight jobs end cleanly.
-Deliveries run on a pool of ``MAX_MESSAGES`` threads: at most that many
-jobs at once; more requests wait for a thread, their cap running.
+Deliveries run on a pool of ``MAX_MESSAGES`` threads: at most that many at
+once, and no queue: a request that finds them all busy is answered 503 at
+once (Pub/Sub sends it again with its retry policy's backoff) instead of
+waiting, its cap running, for a thread.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from .auth import CertificatesUnavailable, Refused, TokenVerifier, verifier_for
 from .delivery import Answer, PushDeliveries
 from .envelope import MAX_BODY_BYTES, Malformed, parse
 
+_BUSY_RETRY_AFTER_S = 1
+"""What a request that finds every delivery thread busy is told (Retry-After, seconds)."""
+
 __all__ = ["PushApp"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
@@ -52,6 +60,10 @@ _UNSET: Any = object()
 
 class _TooLarge(Exception):
     pass
+
+
+class _Incomplete(Exception):
+    """The body ended before the request did (a disconnect, or short of Content-Length)."""
 
 
 class PushApp:
@@ -70,6 +82,7 @@ class PushApp:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._start_error: str | None = None
+        self._slots = threading.Semaphore(0)  # one per delivery thread, made at start
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -82,6 +95,7 @@ class PushApp:
                 self._verifier = verifier_for(self.deliveries.configured())
                 self._verifier_set = True
             settings = self.deliveries.start()
+            self._slots = threading.Semaphore(settings.max_messages)
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=settings.max_messages, thread_name_prefix="pubsub-worker-push"
             )
@@ -91,36 +105,20 @@ class PushApp:
         """Drain now (new requests 503); after ``grace_s`` stop in-flight jobs (released).
 
         Returns the thread that waits out the grace (``SHUTDOWN_GRACE_SECONDS``
-        by default): call it on SIGTERM, before the server stops reading requests.
+        by default): call it on SIGTERM, before the server stops reading
+        requests. Once per shutdown: a later call (the lifespan's) returns the
+        same thread, so the grace is given once.
         """
-        self.deliveries.drain()
-        if grace_s is None:
-            grace_s = self.deliveries.settings.shutdown_grace_seconds if self.started else 0.0
-
-        def wait_then_stop() -> None:
-            deadline = time.monotonic() + grace_s
-            while self.deliveries.watched() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self.deliveries.watched():
-                _LOGGER.warning(
-                    "shutdown grace over: %d request(s) in flight are stopped at their next "
-                    "boundary and released",
-                    self.deliveries.watched(),
-                )
-                self.deliveries.stop_jobs()
-
-        thread = threading.Thread(target=wait_then_stop, name="pubsub-worker-push-grace")
-        thread.daemon = True
-        thread.start()
-        return thread
+        return self.deliveries.engine.begin_shutdown(grace_s)
 
     def shutdown(self, grace_s: float | None = None, timeout_s: float = 30.0) -> None:
-        """Drain, give in-flight jobs ``grace_s``, stop the rest, wait for them, close."""
-        self.begin_shutdown(grace_s).join()
-        deadline = time.monotonic() + timeout_s
-        while self.deliveries.watched() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.close()
+        """Drain, give in-flight jobs the grace (once), stop the rest, wait for them, close."""
+        self.begin_shutdown(grace_s)
+        self._closed = True
+        pool, self._pool = self._pool, None
+        self.deliveries.engine.finish_shutdown(timeout_s)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop serving jobs: the pool, the lease keeper and the handlers' loop."""
@@ -128,7 +126,7 @@ class PushApp:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        self.deliveries.close()
+        self.deliveries.engine.close()
 
     @property
     def started(self) -> bool:
@@ -182,11 +180,30 @@ class PushApp:
             except CertificatesUnavailable as exc:
                 _LOGGER.error("cannot verify push tokens now: %s", exc)
                 return Answer(503, "unavailable", str(exc))
+        if not self._slots.acquire(blocking=False):
+            why = "every delivery thread is busy (MAX_MESSAGES): sent again later, nothing run"
+            return Answer(503, "busy", why, _BUSY_RETRY_AFTER_S)
         try:
-            body = await _body(receive)
+            return await self._deliver(pool, scope, headers, receive, received_at)
+        finally:
+            self._slots.release()
+
+    async def _deliver(
+        self,
+        pool: concurrent.futures.Executor,
+        scope: Scope,
+        headers: dict[str, str],
+        receive: Receive,
+        received_at: float,
+    ) -> Answer:
+        try:
+            body = await _body(receive, _content_length(headers))
         except _TooLarge:
             why = f"the body is over {MAX_BODY_BYTES} bytes: no Pub/Sub message is that large"
             return Answer(413, "refused", why)
+        except _Incomplete as exc:
+            _LOGGER.warning("push request cut short (no delivery): %s", exc)
+            return Answer(400, "incomplete", str(exc))
         try:
             message = parse(headers, body)
         except Malformed as exc:
@@ -221,9 +238,8 @@ class PushApp:
             return (503, "closed") if self._closed else (200, "ok")
         if not await self._ensure_started():
             return 503, f"cannot start: {self._start_error}"
-        if self.deliveries.draining:
-            return 503, "stopping: no new jobs are taken"
-        return 200, "ok"
+        ready, why = self.deliveries.engine.ready()
+        return (200, "ok") if ready else (503, why)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -258,13 +274,20 @@ def _headers(scope: Scope) -> dict[str, str]:
     }
 
 
-async def _body(receive: Receive) -> bytes:
+def _content_length(headers: dict[str, str]) -> int | None:
+    """The declared body size, if any (a malformed one is left to the server: None)."""
+    text = headers.get("content-length", "").strip()
+    return int(text) if text.isdigit() else None
+
+
+async def _body(receive: Receive, expected: int | None) -> bytes:
+    """The whole body, or :class:`_Incomplete`: a push request is taken whole or not at all."""
     chunks: list[bytes] = []
     size = 0
     while True:
         event = await receive()
         if event["type"] == "http.disconnect":
-            break
+            raise _Incomplete(f"the client disconnected after {size} bytes of the body")
         chunk = event.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
@@ -272,6 +295,8 @@ async def _body(receive: Receive) -> bytes:
         chunks.append(chunk)
         if not event.get("more_body", False):
             break
+    if expected is not None and size != expected:
+        raise _Incomplete(f"the body has {size} bytes, Content-Length says {expected}")
     return b"".join(chunks)
 
 

@@ -246,7 +246,7 @@ def hold_job(store: FirestoreJobStore, subscription: str, key: str) -> Callable[
         delivery="held-elsewhere",
         lease_s=HOLD_LEASE_S,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
     held = claim(store, request)
     assert held.kind is ClaimKind.CLAIMED

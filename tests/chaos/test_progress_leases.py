@@ -70,7 +70,7 @@ def test_a_step_of_most_of_a_lease_then_plain_code_keeps_the_job(
             delivery="elsewhere",
             lease_s=LEASE_S,
             retention_s=3600,
-            superseded=lambda _m, _d: False,
+            abandoned=lambda _m, _d: False,
         ),
         exists_hint=True,
     )

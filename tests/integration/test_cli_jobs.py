@@ -174,7 +174,7 @@ def stuck_owner(store: FirestoreJobStore, subscription: str, key: str, lease_s: 
         delivery="d-1",
         lease_s=lease_s,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
     owner = claim(store, request)
     assert owner.kind is ClaimKind.CLAIMED

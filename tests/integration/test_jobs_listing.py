@@ -51,7 +51,7 @@ def new_job(store: FirestoreJobStore, key: str, subscription: str = SUB) -> tupl
         delivery=f"d-{key}",
         lease_s=60,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
     result = claim(store, request)
     assert result.kind is ClaimKind.CLAIMED

@@ -85,7 +85,7 @@ def claim_request(subscription: str, *, owner: str, lease_s: float = 10) -> Clai
         delivery=f"delivery-of-{owner}",
         lease_s=lease_s,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
 
 

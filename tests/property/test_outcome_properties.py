@@ -347,7 +347,7 @@ SUB = "projects/p/subscriptions/s"
     status=st.sampled_from(Status),
     same_payload=st.sampled_from([True, True, True, False]),
     stored_owner=st.sampled_from(["me", "other"]),
-    superseded=st.booleans(),
+    abandoned=st.booleans(),
     lease_s=st.none() | st.floats(0, 600),
     age_s=st.floats(0, 1200),
     attempts=st.integers(0, 120),
@@ -358,7 +358,7 @@ def test_what_the_stored_job_says_decides_the_outcome_safely(
     status: Status,
     same_payload: bool,
     stored_owner: str,
-    superseded: bool,
+    abandoned: bool,
     lease_s: float | None,
     age_s: float,
     attempts: int,
@@ -377,7 +377,7 @@ def test_what_the_stored_job_says_decides_the_outcome_safely(
         delivery="d-new",
         lease_s=60.0,
         retention_s=3600.0,
-        superseded=lambda _message, _delivery: superseded,
+        abandoned=lambda _message, _delivery: abandoned,
     )
     record = JobRecord(
         status=status,
@@ -409,7 +409,7 @@ def test_what_the_stored_job_says_decides_the_outcome_safely(
         assert (outcome, decision.reason) == (Outcome.REVIEW, Reason.PAYLOAD_CONFLICT)
     elif status in (Status.COMPLETED, Status.FAILED):
         assert outcome is Outcome.ACK
-    elif status is Status.RUNNING and left_s > 0 and not (stored_owner == "me" and superseded):
+    elif status is Status.RUNNING and left_s > 0 and not (stored_owner == "me" and abandoned):
         assert outcome is Outcome.DEFER  # another owner's live lease: back after it, not before
         assert decision.delay_s >= min(left_s, MAX_DEFER_S)
     else:

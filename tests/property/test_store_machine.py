@@ -276,7 +276,7 @@ class StoreMachine(RuleBasedStateMachine):
             delivery=delivery.digest,
             lease_s=self.leases[lease],
             retention_s=RETENTION_S,
-            superseded=tracker.superseded,
+            abandoned=tracker.abandoned,
         )
         self.claimed.add(key)
         claims = []

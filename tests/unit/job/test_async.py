@@ -166,7 +166,7 @@ def test_only_the_writes_of_async_steps_leave_the_loop(
         await job.heartbeat()  # the lease is not due
 
     w = world(handle)
-    io = w.wrapped._loop.io
+    io = w.wrapped.engine.call.loop.io
     submit = io.submit
 
     def counted(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -37,7 +37,7 @@ def request(
     message_id: str = "m1",
     delivery: str = "d1",
     data: bytes = b"payload",
-    superseded: bool = False,
+    abandoned: tuple[str, str] | None = None,
     retention_s: float = 3600,
 ) -> ClaimRequest:
     identity = derive_identity(
@@ -54,7 +54,7 @@ def request(
         delivery=delivery,
         lease_s=LEASE_S,
         retention_s=retention_s,
-        superseded=lambda _m, _d: superseded,
+        abandoned=lambda m, d: (m, d) == abandoned,
     )
 
 
@@ -127,15 +127,18 @@ def test_a_document_without_lease_seconds_falls_back_to_lease_expires_at() -> No
     )
 
 
-def test_a_superseded_delivery_of_this_process_is_taken_over_despite_its_lease() -> None:
+def test_an_abandoned_delivery_of_this_process_is_taken_over_despite_its_lease() -> None:
+    # The holder is this process's delivery d0 of message m1, past its processing cap.
     mine = record(Status.RUNNING, owner="me", delivery="d0")
-    assert decide(mine, request(superseded=True), NOW) is ClaimKind.CLAIMED
-    # the same owner with a different message id (same key) must wait its turn
+    assert decide(mine, request(abandoned=("m1", "d0")), NOW) is ClaimKind.CLAIMED
+    # ... of another message with the same key: the same (the gate passed it over too)
     other_message = record(Status.RUNNING, owner="me", message_id="m0", delivery="d0")
-    assert decide(other_message, request(superseded=True), NOW) is ClaimKind.BUSY
+    assert decide(other_message, request(abandoned=("m0", "d0")), NOW) is ClaimKind.CLAIMED
+    # a delivery of this process that is still within its cap is waited for: it adopts
+    assert decide(mine, request(abandoned=None), NOW) is ClaimKind.BUSY
     # another process's live lease is never taken over early
     theirs = record(Status.RUNNING, owner="other", delivery="d0")
-    assert decide(theirs, request(superseded=True), NOW) is ClaimKind.BUSY
+    assert decide(theirs, request(abandoned=("m1", "d0")), NOW) is ClaimKind.BUSY
 
 
 def test_claim_creates_then_takes_over_with_a_higher_epoch_once_the_lease_ran_out() -> None:

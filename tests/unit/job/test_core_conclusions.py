@@ -44,7 +44,7 @@ def _core(store: MemoryJobStore) -> JobCore:
             delivery=delivery.digest,
             lease_s=60,
             retention_s=3600,
-            superseded=tracker.superseded,
+            abandoned=tracker.abandoned,
         ),
     )
     assert got.kind is ClaimKind.CLAIMED

@@ -203,11 +203,12 @@ def test_the_review_field_is_written_only_when_a_failure_message_follows(
     assert len(w.reviews()) == (0 if topic is None else 1)
 
 
-def test_a_pending_review_found_without_a_failure_topic_is_acked_with_a_warning(
+def test_a_pending_review_found_without_a_failure_topic_is_never_acked(
     world: Callable[..., World], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The worker that failed the job had a failure topic; this one has none (a change of
-    configuration): the message is acked, the pending review said in the log, never a loop."""
+    configuration): the message is not acked without its failure message. It is deferred with
+    a backoff (never a loop), and the log names the variable to set."""
     w = world(Counting(), failure_topic=None)
     record = {
         s.KEY: "k",
@@ -220,6 +221,8 @@ def test_a_pending_review_found_without_a_failure_topic_is_acked_with_a_warning(
         s.REVIEW: "pending",
     }
     w.store.create(DOC, record)
-    assert w.deliver(FakeMessage(op="k")) == "ack"
-    assert "PUBSUB_WORKER_FAILURE_TOPIC is not set; acked without it" in caplog.text
+    message = FakeMessage(op="k")
+    assert w.deliver(message) == "defer"
+    assert message.actions[0] == "deadline 10"  # a backoff, not a hot loop
+    assert "PUBSUB_WORKER_FAILURE_TOPIC is not set now" in caplog.text
     assert w.record()[s.REVIEW] == "pending"

@@ -55,7 +55,7 @@ def claimed(
         delivery="d-1",
         lease_s=lease_s,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
     result = claim(store, request)
     assert result.kind is ClaimKind.CLAIMED

@@ -216,7 +216,7 @@ def request(*, owner: str, delivery: str, lease_s: float = 10) -> ClaimRequest:
         delivery=delivery,
         lease_s=lease_s,
         retention_s=3600,
-        superseded=lambda _m, _d: False,
+        abandoned=lambda _m, _d: False,
     )
 
 

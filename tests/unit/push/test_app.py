@@ -175,7 +175,7 @@ def test_a_request_for_another_subscription_is_400(endpoints: Any) -> None:
     other = {**envelope("1", op="k"), "subscription": "projects/p/subscriptions/other"}
     answer = endpoint.push(other)
     assert answer.status_code == 400
-    assert "this endpoint serves projects/p/subscriptions/jobs" in answer.json()["why"]
+    assert "records its jobs under projects/p/subscriptions/jobs" in answer.json()["why"]
     assert endpoint.store.writes == 0
 
 
@@ -197,7 +197,7 @@ def test_routes_and_methods(endpoints: Any) -> None:
 def test_readiness_follows_start_and_drain(endpoints: Any) -> None:
     endpoint = endpoints(lambda message, job: None)
     assert endpoint.call("GET", "/readyz").text == "ok\n"  # a probe starts it
-    endpoint.app.deliveries.drain()
+    endpoint.app.deliveries.engine.drain()
     ready = endpoint.call("GET", "/readyz")
     assert (ready.status_code, ready.text) == (503, "stopping: no new jobs are taken\n")
     answer = endpoint.push(envelope("1", op="k"))  # draining: not claimed, Pub/Sub retries

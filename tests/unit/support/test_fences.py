@@ -18,6 +18,7 @@ EMULATED = {"PUBSUB_EMULATOR_HOST": "127.0.0.1:8085", "FIRESTORE_EMULATOR_HOST":
 def test_the_fences_in_the_order_a_delivery_meets_them() -> None:
     assert fences.FENCES == (
         "generation",
+        "adoption",
         "claim",
         "commit",
         "transaction",
@@ -48,7 +49,7 @@ def test_an_unknown_name_is_an_error_naming_the_variable_and_the_names() -> None
     assert str(caught.value) == (
         "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES='commit,comit': unknown fence(s) comit "
         "(accepted: comma-separated names among "
-        "generation, claim, commit, transaction, durable-ack, outbox)"
+        "generation, adoption, claim, commit, transaction, durable-ack, outbox)"
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._job.claim import Claim, ClaimKind
 from pubsub_worker._worker import claiming
 from pubsub_worker._worker.outcome import Happened
@@ -46,7 +47,8 @@ def _polls(monkeypatch: pytest.MonkeyPatch, *, lease_s: int, cap_s: int) -> tupl
         store=None,
     )
     start = clock.now
-    got = claiming.claim_job(rt, request=None, message=None, delivery=None, redelivery=False)  # type: ignore[arg-type]
+    delivery = Delivery("m1", "ack", 1, "digest", deadline=clock.now + cap_s)  # received now
+    got = claiming.claim_job(rt, request=None, message=None, delivery=delivery, redelivery=False)  # type: ignore[arg-type]
     assert isinstance(got, Happened)
     assert got.claim is ClaimKind.BUSY
     return len(claims), clock.now - start
@@ -59,9 +61,24 @@ def test_a_busy_owner_is_polled_once_a_second_for_the_busy_wait(
     assert _polls(monkeypatch, lease_s=60, cap_s=480) == (10, 9.0)
 
 
-def test_the_busy_wait_never_takes_more_than_half_the_processing_cap(
+def test_the_busy_wait_ends_while_enough_of_the_processing_cap_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Push: a 10 s deadline leaves an 8 s cap; a claim won after the cap would be
-    # released at once (an attempt spent), so the poll gives up after 4 s.
-    assert _polls(monkeypatch, lease_s=10, cap_s=8) == (4, 3.0)
+    # Push: a 10 s deadline leaves an 8 s cap, of which a claim needs 2 s (a quarter) left;
+    # a claim won later would be released at once (an attempt spent): the poll gives up
+    # after 5 s, its sixth claim at most 6 s after receipt.
+    assert _polls(monkeypatch, lease_s=10, cap_s=8) == (6, 5.0)
+
+
+def test_a_delivery_received_too_long_ago_is_not_claimed_at_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(claiming, "time", clock)
+    monkeypatch.setattr(claiming, "claim", lambda *args, **kwargs: pytest.fail("claimed"))
+    rt: Any = SimpleNamespace(settings=SimpleNamespace(lease_seconds=10, max_processing_seconds=8))
+    delivery = Delivery("m1", "ack", 1, "digest", deadline=clock.now + 1.5)  # 6.5 s in a queue
+    got = claiming.claim_job(rt, request=None, message=None, delivery=delivery, redelivery=False)  # type: ignore[arg-type]
+    assert isinstance(got, Happened)
+    assert got.phase.value == "gate"
+    assert "too little of its processing cap" in str(got.error)

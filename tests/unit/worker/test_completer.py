@@ -40,12 +40,24 @@ def one_step(message: Any, job: pubsub_worker.Job) -> None:
 
 
 @pytest.fixture
-def held() -> Iterator[World]:
-    w = World(one_step, store=HeldStore())
-    yield w
-    assert isinstance(w.store, HeldStore)
-    w.store.release.set()
-    w.close()
+def held_world() -> Iterator[Callable[[Any], World]]:
+    """``held_world(handler)``: a world whose completions wait until the test releases them."""
+    worlds: list[World] = []
+
+    def make(handler: Any) -> World:
+        worlds.append(World(handler, store=HeldStore()))
+        return worlds[-1]
+
+    yield make
+    for w in worlds:
+        assert isinstance(w.store, HeldStore)
+        w.store.release.set()
+        w.close()
+
+
+@pytest.fixture
+def held(held_world: Callable[[Any], World]) -> World:
+    return held_world(one_step)
 
 
 def _in_thread(call: Callable[[], None]) -> threading.Thread:
@@ -73,13 +85,13 @@ def test_the_callback_returns_before_the_completion_is_durable_and_acks_after(
 
 
 def test_a_redelivery_waits_for_the_pending_completion_and_does_not_run_again(
-    held: World,
+    held_world: Callable[[Any], World],
 ) -> None:
+    runs: list[str] = []
+    held = held_world(lambda message, job: runs.append(job.step("a", lambda: "ran")))
     store = held.store
     assert isinstance(store, HeldStore)
-    runs: list[str] = []
     original = FakeMessage(op="k")
-    held.wrapped._handler = lambda message, job: runs.append(job.step("a", lambda: "ran"))
     _in_thread(lambda: held.wrapped(original)).join(10)
     assert store.completing.wait(10)
     again = FakeMessage(op="k")  # another message with the same key, while the first completes
@@ -94,10 +106,9 @@ def test_a_redelivery_waits_for_the_pending_completion_and_does_not_run_again(
     assert runs == ["ran"]  # the job ran once; the second delivery found it completed
 
 
-def test_after_drain_a_running_job_concludes_on_its_callback_thread(held: World) -> None:
-    store = held.store
-    assert isinstance(store, HeldStore)
-    store.release.set()
+def test_after_drain_a_running_job_concludes_on_its_callback_thread(
+    held_world: Callable[[Any], World],
+) -> None:
     started, go = threading.Event(), threading.Event()
 
     def handler(message: Any, job: pubsub_worker.Job) -> None:
@@ -105,7 +116,10 @@ def test_after_drain_a_running_job_concludes_on_its_callback_thread(held: World)
         started.set()
         assert go.wait(10)
 
-    held.wrapped._handler = handler
+    held = held_world(handler)
+    store = held.store
+    assert isinstance(store, HeldStore)
+    store.release.set()
     message = FakeMessage(op="k")
     callback = _in_thread(lambda: held.wrapped(message))
     assert started.wait(10)
@@ -247,10 +261,10 @@ def test_a_completer_opened_for_the_flow_control_runs_that_many_conclusions_at_o
 def test_start_sizes_the_completer_from_the_caller() -> None:
     w = World(one_step)  # opened by start(conclude_off_thread=True): MAX_MESSAGES threads
     try:
-        assert w.wrapped._ensure().completer.threads == w.wrapped.settings.max_messages
+        assert w.wrapped.engine.runtime().completer.threads == w.wrapped.settings.max_messages
         assert w.wrapped.drain(5)
         w.wrapped.start(check_subscription=False, conclude_off_thread=True, concluding_threads=30)
-        assert w.wrapped._ensure().completer.threads == 30
+        assert w.wrapped.engine.runtime().completer.threads == 30
         assert w.deliver(FakeMessage(op="k")) == "ack"
     finally:
         w.close()
