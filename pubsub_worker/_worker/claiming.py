@@ -24,13 +24,24 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery, GateAnswer
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
+from pubsub_worker._job.keys import JobIdentity, derive_identity
 from pubsub_worker._support.metrics import Counter
-from pubsub_worker.errors import ProcessingTimeout, ShuttingDown
+from pubsub_worker.errors import ConfigError, ProcessingTimeout, ShuttingDown
 
 from .outcome import Happened, Phase
 from .runtime import Runtime
+from .settle import ordering_key
 
-__all__ = ["BUSY_WAIT_S", "MIN_TIME_LEFT_S", "claim_job", "enter_gate", "min_time_left_s"]
+__all__ = [
+    "BUSY_WAIT_S",
+    "MIN_TIME_LEFT_S",
+    "claim_job",
+    "claim_request",
+    "enter_gate",
+    "identify",
+    "min_time_left_s",
+    "wait_for_order",
+]
 
 BUSY_WAIT_S = 10.0
 """How long a delivery polls another owner's live lease before it defers."""
@@ -60,6 +71,36 @@ def _too_late() -> Happened:
     return Happened(Phase.GATE, error=ProcessingTimeout(why))
 
 
+def identify(rt: Runtime, message: Message) -> JobIdentity | Happened:
+    """The job a message is for, or why it cannot be one (no exactly-once delivery, no key)."""
+    settings = rt.settings
+    if not message.exactly_once_enabled and not settings.allow_at_least_once:
+        error = ConfigError("the subscription has no exactly-once delivery")
+        return Happened(Phase.RECEIPT, error=error)
+    try:
+        return derive_identity(
+            subscription=settings.subscription_path,
+            message_id=message.message_id,
+            attributes=message.attributes,
+            data=message.data,
+            key_attribute=settings.key_attribute,
+        )
+    except Exception as exc:  # noqa: BLE001 - InvalidMessage, or a malformed message
+        return Happened(Phase.RECEIPT, error=exc)
+
+
+def wait_for_order(
+    rt: Runtime, message: Message, published: float, arrival: int
+) -> Happened | None:
+    """None, unless an earlier message of its ordering key is unfinished here (it defers)."""
+    key = ordering_key(message) if rt.ordering is not None else ""
+    if not key:
+        return None
+    assert rt.ordering is not None
+    wait_s = rt.ordering.blocked_for(key, message.message_id, published, arrival)
+    return None if wait_s is None else Happened(Phase.ORDER, busy_for_s=wait_s)
+
+
 def enter_gate(rt: Runtime, doc_id: str, delivery: Delivery) -> Happened | None:
     """Hold the job's key in this process (None), or what happened instead.
 
@@ -78,6 +119,23 @@ def enter_gate(rt: Runtime, doc_id: str, delivery: Delivery) -> Happened | None:
     if answer is GateAnswer.DRAINING:
         return Happened(Phase.CLAIM, error=ShuttingDown("the worker is draining"))
     return _too_late() if spare_s(rt, delivery) <= 0 else Happened(Phase.GATE)
+
+
+def claim_request(
+    rt: Runtime, identity: JobIdentity, delivery: Delivery, trace_parent: str | None
+) -> ClaimRequest:
+    """This delivery's request to claim its job."""
+    settings = rt.settings
+    return ClaimRequest(
+        identity=identity,
+        owner=rt.owner,
+        message_id=delivery.message_id,
+        delivery=delivery.digest,
+        lease_s=settings.lease_seconds,
+        retention_s=settings.retention_days * 86400.0,
+        abandoned=rt.tracker.abandoned,
+        trace_parent=trace_parent,
+    )
 
 
 def claim_job(

@@ -28,19 +28,19 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import Ticket
-from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest
-from pubsub_worker._job.keys import JobIdentity, derive_identity
+from pubsub_worker._job.claim import Claim, ClaimKind
+from pubsub_worker._job.keys import JobIdentity
 from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace
-from pubsub_worker.errors import ConfigError, LostOwnership, ProcessingTimeout
+from pubsub_worker.errors import LostOwnership, ProcessingTimeout
 
 from . import report
-from .claiming import claim_job, enter_gate
+from .claiming import claim_job, claim_request, enter_gate, identify, wait_for_order
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
-from .settle import ack_early, note_order, ordering_key, settle
+from .settle import ack_early, note_order, settle
 
 __all__ = ["DeliveryFlow", "RunHandler"]
 
@@ -91,35 +91,16 @@ class DeliveryFlow:
 
     def run(self, seen: bool) -> None:
         rt, message = self._rt, self._message
-        settings = rt.settings
-        if not message.exactly_once_enabled and not settings.allow_at_least_once:
-            error = ConfigError("the subscription has no exactly-once delivery")
-            self.conclude(Happened(Phase.RECEIPT, error=error))
-            return
-        try:
-            identity = derive_identity(
-                subscription=settings.subscription_path,
-                message_id=message.message_id,
-                attributes=message.attributes,
-                data=message.data,
-                key_attribute=settings.key_attribute,
-            )
-        except Exception as exc:  # noqa: BLE001 - InvalidMessage, or a malformed message
-            self.conclude(Happened(Phase.RECEIPT, error=exc))
+        identity = identify(rt, message)
+        if isinstance(identity, Happened):
+            self.conclude(identity)
             return
         self._identity = identity
         self._log = job_logger(_LOGGER, identity.key, message.message_id)
         self._ticket.key = identity.key
-        order_key = ordering_key(message) if rt.ordering is not None else ""
-        if order_key:
-            assert rt.ordering is not None
-            wait_s = rt.ordering.blocked_for(
-                order_key, message.message_id, self._published, self._arrival
-            )
-            if wait_s is not None:
-                self.conclude(Happened(Phase.ORDER, busy_for_s=wait_s))
-                return
-        refused = enter_gate(rt, identity.doc_id, self._delivery)
+        refused = wait_for_order(rt, message, self._published, self._arrival) or enter_gate(
+            rt, identity.doc_id, self._delivery
+        )
         if refused is not None:
             self.conclude(refused)
             return
@@ -226,20 +207,11 @@ class DeliveryFlow:
 
     def _claim(self, identity: JobIdentity, seen: bool) -> Claim | None:
         """The claim of the job (:func:`~.claiming.claim_job`); None if concluded instead."""
-        rt, message, settings = self._rt, self._message, self._rt.settings
-        request = ClaimRequest(
-            identity=identity,
-            owner=rt.owner,
-            message_id=message.message_id,
-            delivery=self._delivery.digest,
-            lease_s=settings.lease_seconds,
-            retention_s=settings.retention_days * 86400.0,
-            abandoned=rt.tracker.abandoned,
-            trace_parent=self.trace.trace_parent(),
-        )
+        message = self._message
+        request = claim_request(self._rt, identity, self._delivery, self.trace.trace_parent())
         redelivery = seen or (message.delivery_attempt or 1) > 1
         got = claim_job(
-            rt, request, message=message, delivery=self._delivery, redelivery=redelivery
+            self._rt, request, message=message, delivery=self._delivery, redelivery=redelivery
         )
         if isinstance(got, Happened):
             self.conclude(got)
@@ -316,13 +288,8 @@ class DeliveryFlow:
         return decision
 
     def _may_go_on(self) -> bool:
-        """Whether this delivery's outcome is still its own to decide.
-
-        Before its claim, only the latest delivery of the message goes on (an
-        older one stands down for the newer); once it holds the job, it goes on
-        until it is lost: a newer delivery of the message in this process
-        adopts it and settles after it (:meth:`_settle`).
-        """
+        """Before its claim, only the latest delivery goes on (an older one stands down);
+        once it holds the job, until it is lost (a newer one here adopts it: :meth:`_settle`)."""
         tracker = self._rt.tracker
         if self._job is None:
             return tracker.is_current(self._delivery)
@@ -397,14 +364,9 @@ class DeliveryFlow:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
             self.settled.set_result(Settled(decision, answer))
 
-        if rt.ordering is not None:
-            note_order(
-                rt.ordering,
-                self._message,
-                decision,
-                published=self._published,
-                arrival=self._arrival,
-            )
+        note_order(
+            rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
+        )
         settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
         if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)

@@ -133,14 +133,20 @@ def ordering_key(message: Message) -> str:
 
 
 def note_order(
-    ordering: OrderingKeys, message: Message, decision: Decision, *, published: float, arrival: int
+    ordering: OrderingKeys | None,
+    message: Message,
+    decision: Decision,
+    *,
+    published: float,
+    arrival: int,
 ) -> None:
     """Whether this message of its ordering key is done, or later ones must wait for it.
 
     Called before the settlement, which lets the next message of its key in.
+    Nothing without ``ordering`` (a push endpoint keeps no ordering memory).
     """
     key = ordering_key(message)
-    if not key or decision.outcome is Outcome.DROP:
+    if ordering is None or not key or decision.outcome is Outcome.DROP:
         return  # no key; or a newer delivery of this very message settles it
     if decision.outcome.acks:
         ordering.finished(key, message.message_id)
