@@ -163,6 +163,10 @@ class AsyncJob(BaseJob):
         ``fn`` runs, nothing is recorded.
         """
         await flush_queued(self)
+        return await self._step(name, fn)
+
+    async def _step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """:meth:`step`, without first committing what was queued outside any step."""
         core = self._core
         recorded = await self._open(name)
         if recorded is not None:
@@ -249,7 +253,8 @@ async def flush_queued(job: AsyncJob) -> None:
     """Commit and publish what ``job.publish()`` queued outside any step, each a step of its own.
 
     Run before every ``await job.*`` and after the handler returned, before the completion.
+    In the order they were queued, one after the other (never a step inside another's flush).
     """
     core = job._core
     while (outgoing := core.next_deferred()) is not None:
-        await job.step(core.publish_step_name(), functools.partial(core.queue, outgoing))
+        await job._step(core.publish_step_name(), functools.partial(core.queue, outgoing))

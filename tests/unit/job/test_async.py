@@ -120,6 +120,27 @@ def test_async_publish_outside_a_step_is_a_step_of_its_own(world: Callable[..., 
     assert [d for t, d, _ in w.publisher.sent if t.endswith("/out")] == [b"one"]
 
 
+def test_many_async_publishes_outside_a_step_go_out_in_call_order_without_recursion(
+    world: Callable[..., World],
+) -> None:
+    """Each is a step of its own, committed and published one after the other as called: more
+    than the interpreter's recursion limit of them, flushed at the next ``await job.*``."""
+    count = 1500
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        for n in range(count):
+            job.publish("projects/p/topics/out", str(n).encode())
+        await job.step("after", lambda: 1)
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    sent = [d for t, d, _ in w.publisher.sent if t.endswith("/out")]
+    assert sent == [str(n).encode() for n in range(count)]
+    steps = w.record()["steps"]
+    assert len(steps) == count + 1
+    assert {f"~publish.{n}" for n in range(1, count + 1)} <= set(steps)
+
+
 def test_many_async_jobs_run_at_once_on_one_loop(world: Callable[..., World]) -> None:
     running = 0
     most = 0
