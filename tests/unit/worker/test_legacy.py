@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -232,3 +233,29 @@ def test_a_stray_job_call_after_the_handler_returned_does_not_release_a_finished
     assert w.wrapped.wait_concluded(10)
     assert message.outcome == "ack"
     assert w.record()["status"] == "completed"
+
+
+def test_a_message_held_after_its_cap_passed_is_expired_at_once() -> None:
+    """The callback ran past the processing cap, then handed the message to its own pool
+    (returned without ack or nack): the keeper had abandoned the job before the hold. It is
+    concluded at once as a failed attempt; its key is free again and drain() returns."""
+
+    def callback(message: Any) -> None:  # returns without ack() or nack(): held
+        keeper.tick(now=time.monotonic() + 10_000)  # the cap passes while the callback runs
+
+    w = World(callback, lease_seconds=10)
+    keeper = w.wrapped.engine.runtime().keeper
+    try:
+        message = FakeMessage(op="k")
+        w.wrapped(message)
+        assert w.wrapped.drain(10)  # nothing held any more
+        assert message.actions[-1] == "nack"  # dropped when abandoned, nacked once expired
+        record = w.record()
+        assert (record["status"], record["attempts"]) == ("released", 1)
+        again = FakeMessage(op="k")  # the key is free in this process
+        w.wrapped.start(check_subscription=False)
+        w.wrapped(again)
+        assert w.wrapped.wait_concluded(10)
+        assert again.actions[-1] == "nack"  # held again, and expired again: its cap passed too
+    finally:
+        w.close()
