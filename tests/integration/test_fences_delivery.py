@@ -1,4 +1,4 @@
-"""The fences of a delivery on their own: generation, durable-ack, outbox.
+"""The fences of a delivery on their own: generation, adoption, durable-ack, outbox.
 
 As in ``test_fences.py`` (its harness: real deliveries pulled one at a time,
 workers in this process on the real emulators, a delivery held at a named
@@ -26,17 +26,17 @@ __all__ = ["world"]
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(90)]
 
 
-# -- generation: only the latest delivery of a message goes on and settles -------------
+# -- generation: only the latest delivery of a message settles -------------------------
 
 
 @TWINS
 def test_a_superseded_delivery_never_settles(world: World, fenced: bool) -> None:
     """Two deliveries of one message reach one worker. The first (D1) is held at its
     claim's create; the message comes back (its deadline set to 0, as when a lease
-    lapses) and the second (D2) takes the key over, claims the job, completes it and
-    acks. Let go, D1 finds the job completed, but it is superseded: it is dropped,
-    never acked. Without the fence, the stale delivery settles: it acks with its old
-    ack id, which Pub/Sub refuses."""
+    lapses) and the second (D2) waits for D1, which holds the job's key (it adopts it).
+    Let go, D1 claims, runs and completes the job, but its ack id is stale: it is
+    dropped, never acked; D2 then finds the job completed and acks. Without the fence,
+    the stale delivery settles too: it acks with its old ack id, which Pub/Sub refuses."""
     a = world.node("a", steps_handler(world, "a"))
     held = a.store.hold("create")
     world.publish()
@@ -44,11 +44,13 @@ def test_a_superseded_delivery_never_settles(world: World, fenced: bool) -> None
     late = a.deliver(d1)
     held.wait_arrived()
     d2 = world.inbox.redeliver(d1)
-    settled(a.deliver(d2))
+    adopter = a.deliver(d2)
+    time.sleep(0.5)
+    assert adopter.is_alive()  # D2 waits for D1: it claims nothing meanwhile
 
     with switched_off("generation", fenced):
         held.release()
-        settled(late)
+        settled(late, adopter)
 
     assert world.inbox.of(d2) == ["ack: SUCCESS"]
     assert world.effects == [("a", "charge", 1)]
@@ -62,44 +64,55 @@ def test_a_superseded_delivery_never_settles(world: World, fenced: bool) -> None
         assert a.wrapped.metrics.get(pubsub_worker.Counter.ACKS_LOST) == 1
 
 
+# -- adoption: a newer delivery in this process waits for the running one --------------
+
+
 @TWINS
-def test_a_superseded_delivery_stops_at_its_next_boundary(world: World, fenced: bool) -> None:
-    """The first delivery (D1, epoch 1) is held in its handler, outside any step; the
-    message comes back and D2 takes the job over (epoch 2: the lease was held by a
-    superseded delivery of this very worker), runs it and acks. Let go, D1 reaches
-    ``job.heartbeat()`` and stops there: nothing after it runs. Without the fence, D1
-    runs on past the boundary and runs the step again, at its old epoch."""
+def test_a_step_never_runs_in_two_deliveries_of_one_process_at_once(
+    world: World, fenced: bool
+) -> None:
+    """The first delivery (D1, epoch 1) is held inside its step's function; the message
+    comes back to the same worker (D2). D2 adopts D1: it waits, claims nothing, and once
+    D1 completed the job it acks from the record, so the step ran once. Without the
+    fence D2 takes the key and the job over at once (epoch 2) and runs the step while
+    D1's run of it is still under way: the step's function runs twice."""
     paused = Hold()
 
-    def handle(message: Any, job: pubsub_worker.Job) -> None:
+    def charge(job: pubsub_worker.Job) -> None:
         if job.epoch == 1:
             paused.stop_here()
-        job.heartbeat()  # a boundary: a superseded delivery stops here
-        world.effect("a", "after heartbeat", job.epoch)
-        job.step("charge", lambda: world.effect("a", "charge", job.epoch))
+        world.effect("a", "charge", job.epoch)
+
+    def handle(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("charge", lambda: charge(job))
 
     a = world.node("a", handle)
     world.publish()
     d1 = world.inbox.next()
     late = a.deliver(d1)
     paused.wait_arrived()
-    d2 = world.inbox.redeliver(d1)
-    settled(a.deliver(d2))
 
-    with switched_off("generation", fenced):
+    with switched_off("adoption", fenced):
+        d2 = world.inbox.redeliver(d1)
+        adopter = a.deliver(d2)
+        time.sleep(0.5)
+        if fenced:
+            assert adopter.is_alive()  # waiting for D1, nothing claimed
+            assert world.effects == []
+        else:
+            settled(adopter)  # took the job over and ran it meanwhile
         paused.release()
-        settled(late)
+        settled(late, adopter)
 
-    by_d2 = [("a", "after heartbeat", 2), ("a", "charge", 2)]
     assert world.inbox.of(d2) == ["ack: SUCCESS"]
+    assert world.inbox.of(d1) == ["drop: -"]  # D1's ack id is stale either way
     doc = world.job()
-    assert (doc["status"], doc["epoch"], step_epochs(doc)) == ("completed", 2, {"charge": 2})
     if fenced:
-        assert world.effects == by_d2
-        assert world.inbox.of(d1) == ["drop: -"]
+        assert world.effects == [("a", "charge", 1)]
+        assert (doc["status"], doc["epoch"], step_epochs(doc)) == ("completed", 1, {"charge": 1})
     else:
-        assert world.effects == [*by_d2, ("a", "after heartbeat", 1), ("a", "charge", 1)]
-        assert world.inbox.of(d1) == ["nack: INVALID_ACK_ID"]
+        assert world.effects == [("a", "charge", 2), ("a", "charge", 1)]  # ran twice
+        assert (doc["status"], doc["epoch"], step_epochs(doc)) == ("completed", 2, {"charge": 2})
 
 
 @TWINS

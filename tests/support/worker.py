@@ -167,6 +167,10 @@ def handle_steps(message: Any, job: pubsub_worker.Job) -> None:
         gate.hold(EFFECTS, "end")  # the work is done; the handler has not returned yet
 
 
+decorated_steps = pubsub_worker.exactly_once(handle_steps)
+"""``handle_steps`` as the README teaches it: decorated (``pubsub-worker push`` serves it too)."""
+
+
 def handle_always_fail(message: Any, job: pubsub_worker.Job) -> None:
     effect("attempt", job.key, job.epoch, attempt=job.attempt)
     raise RuntimeError("this job always fails")
