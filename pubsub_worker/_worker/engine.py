@@ -51,7 +51,18 @@ from .settle import settle
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["PULL", "Door", "Engine", "Options", "RunOptions"]
+__all__ = [
+    "PULL",
+    "Decision",
+    "DeliveryFlow",
+    "Door",
+    "Engine",
+    "Options",
+    "Outcome",
+    "Phase",
+    "RunOptions",
+]
+"""The engine and, for the doors, what they read of a delivery's end (its flow's decision)."""
 
 _LOGGER = logging.getLogger("pubsub_worker")
 

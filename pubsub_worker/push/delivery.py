@@ -47,9 +47,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud import firestore
 
 from pubsub_worker._support.metrics import Metrics
-from pubsub_worker._worker.engine import Door, Engine
-from pubsub_worker._worker.flow import DeliveryFlow
-from pubsub_worker._worker.outcome import Decision, Outcome, Phase
+from pubsub_worker._worker.engine import Decision, DeliveryFlow, Door, Engine, Outcome, Phase
 from pubsub_worker.errors import ConfigError, LostOwnership
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.settings import Settings

@@ -129,6 +129,23 @@ def test_no_import_cycle() -> None:
     assert cycles == []
 
 
+def test_both_doors_enter_the_engine_and_nothing_else_of_it() -> None:
+    """The pull adapter and the push endpoint are thin: each reaches the delivery engine
+    (intake, handler call, lifecycle) through ``_worker.engine`` alone, so no copy of
+    either can grow beside it."""
+    graph = _graph()
+    doors = ["pubsub_worker._worker.wrapper"] + [m for m in graph if _unit(m) == "push"]
+    entered = {
+        door: sorted(m for m in graph[door] if _unit(m) == "_worker" and m != door)
+        for door in doors
+    }
+    assert entered["pubsub_worker._worker.wrapper"] == ["pubsub_worker._worker.engine"]
+    assert entered["pubsub_worker.push.delivery"] == ["pubsub_worker._worker.engine"]
+    assert all(found in ([], ["pubsub_worker._worker.engine"]) for found in entered.values()), (
+        entered
+    )
+
+
 @pytest.mark.parametrize(
     "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
 )
