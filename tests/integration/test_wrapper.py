@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -297,3 +298,60 @@ def test_an_unreachable_pubsub_fails_at_start_with_a_clear_error(
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port}")
     with pytest.raises(pubsub_worker.Unreachable, match="PUBSUB_EMULATOR_HOST"):
         pubsub_worker.run(lambda m, j: None, settings=settings_for(eod_subscription))
+
+
+def test_a_callback_records_its_jobs_under_the_subscription_it_consumes_or_refuses(
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    eod_subscription: SubscriptionHandle,
+    settings_for: Callable[..., pubsub_worker.Settings],
+    worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two subscriptions of one topic, A and its sibling B. A callback configured for A
+    (``PUBSUB_WORKER_SUBSCRIPTION``) but subscribed to B refuses B's messages (logged,
+    left unacked, nothing recorded) instead of recording B's jobs under A, where A's own
+    worker would later take them for done and ack them without running them."""
+    sibling = eod_subscription.subscription_path + "-sibling"
+    subscriber.create_subscription(
+        request={
+            "name": sibling,
+            "topic": eod_subscription.topic_path,
+            "ack_deadline_seconds": 10,
+            "enable_exactly_once_delivery": True,
+        }
+    )
+    settings = settings_for(eod_subscription, key_attribute="op")
+    ran: dict[str, list[str]] = {"A": [], "B": []}
+
+    def handler_for(name: str) -> Any:
+        def handle(message: Any, job: pubsub_worker.Job) -> None:
+            job.step("charge", lambda: ran[name].append(job.key))
+
+        return handle
+
+    try:
+        on_b = pubsub_worker.exactly_once(handler_for("B"), settings=settings)
+        on_b.start(check_subscription=False)
+        streaming = subscriber.subscribe(sibling, callback=on_b)
+        for n in range(3):
+            publisher.publish(eod_subscription.topic_path, b"x", op=f"order-{n}").result()
+        deadline = time.monotonic() + 30
+        while caplog.text.count(f"the message comes from {sibling}") < 3:
+            assert time.monotonic() < deadline, "the sibling's messages were not refused"
+            time.sleep(0.1)
+        streaming.cancel()
+        streaming.result(timeout=10)
+        on_b.close()
+        assert ran["B"] == []
+        for n in range(3):
+            doc_id = document_id(settings.subscription_path, f"order-{n}")
+            snap = firestore_client.collection(settings.collection).document(doc_id).get()
+            assert not snap.exists  # nothing recorded under A by B's worker
+
+        with worker(handler_for("A"), settings) as w:
+            w.wait_for(lambda: w.counter(Counter.COMPLETED) == 3)
+        assert sorted(ran["A"]) == [f"order-{n}" for n in range(3)]  # A's own jobs ran
+    finally:
+        subscriber.delete_subscription(request={"subscription": sibling})
