@@ -231,6 +231,37 @@ def test_one_key_published_twice_to_one_worker_is_processed_once(
     assert step_epochs(doc) == {"a": 1, "b": 1, "c": 1}
 
 
+def test_a_redelivery_to_the_same_worker_adopts_the_running_delivery(
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    firestore_collection: str,
+    eod_subscription: SubscriptionHandle,
+    worker_env: dict[str, str],
+    effects: Effects,
+    workers: Any,
+) -> None:
+    """Inside step b the message's deadline drops to 0, as when a lease lapses with no fault
+    of this process: Pub/Sub redelivers it to the same worker while b still runs. The newer
+    delivery adopts the running one: it claims nothing and runs nothing, the running one
+    finishes b and c and completes the job without acking (its ack id is stale), and the
+    newer one acks from the record. Every step runs once, at epoch 1."""
+    sub_path = eod_subscription.subscription_path
+    worker = workers({**worker_env, "CHAOS_SCENARIO": "redelivered_in_b"}, "worker")
+    message_id = publisher.publish(eod_subscription.topic_path, b"payload", op="op-1").result()
+    worker.wait_for_log(f"ack of message {message_id}: SUCCESS", timeout_s=60)
+    time.sleep(1)  # anything else it would do would show below
+    kill(worker)
+
+    assert deliveries(worker, message_id) == 2
+    assert acks(worker, message_id) == ["SUCCESS"]
+    assert worker.log().count(f"drop of message {message_id}") == 1  # the stale delivery
+    assert effects.by_effect() == {"a": 1, "deadline-0": 1, "b": 1, "c": 1}
+    doc = job_document(firestore_client, firestore_collection, sub_path, "op-1")
+    assert (doc["status"], doc["epoch"], doc["attempts"]) == ("completed", 1, 1)
+    assert step_epochs(doc) == {"a": 1, "b": 1, "c": 1}
+
+
 def test_one_key_published_twice_to_two_workers_is_processed_once(
     emulators: Emulators,
     publisher: Any,

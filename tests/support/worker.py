@@ -4,6 +4,8 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 
 ``CHAOS_EFFECTS``   file that every effect appends one JSON line to (O_APPEND, fsync)
 ``CHAOS_SCENARIO``  ``steps`` (default: steps a, b, c), ``always_fail``, ``permanent``,
+                    ``redelivered_in_b`` (steps a, b, c; inside b at epoch 1 the message's
+                    deadline is set to 0, so Pub/Sub redelivers it while b runs),
                     ``outbox`` (step ``produce`` publishes to ``CHAOS_OUTPUT_TOPIC``),
                     ``transactional`` (transactional step ``write`` adds a document to
                     ``CHAOS_SINK_COLLECTION`` and, with ``CHAOS_OUTPUT_TOPIC``, publishes),
@@ -169,6 +171,26 @@ def handle_steps(message: Any, job: pubsub_worker.Job) -> None:
 
 decorated_steps = pubsub_worker.exactly_once(handle_steps)
 """``handle_steps`` as the README teaches it: decorated (``pubsub-worker push`` serves it too)."""
+
+
+def handle_redelivered_in_b(message: Any, job: pubsub_worker.Job) -> None:
+    """Steps a, b, c; at epoch 1, inside b, the message's deadline is set to 0 (as when its
+    lease lapses without any fault of this process: Pub/Sub redelivers it here at once),
+    and b goes on for 3 s with heartbeats before its effect."""
+
+    def b() -> str:
+        if job.epoch == 1:
+            effect("deadline-0", job.key, job.epoch)
+            message.modify_ack_deadline(0)
+            for _ in range(15):
+                time.sleep(0.2)
+                job.heartbeat()
+        effect("b", job.key, job.epoch)
+        return "b-done"
+
+    _step(job, "a")
+    job.step("b", b)
+    _step(job, "c")
 
 
 def handle_always_fail(message: Any, job: pubsub_worker.Job) -> None:
@@ -337,6 +359,7 @@ def handle_outbox_permanent(message: Any, job: pubsub_worker.Job) -> None:
 
 HANDLERS: dict[str, Callable[..., None]] = {
     "steps": handle_steps,
+    "redelivered_in_b": handle_redelivered_in_b,
     "always_fail": handle_always_fail,
     "permanent": handle_permanent,
     "outbox": handle_outbox,
