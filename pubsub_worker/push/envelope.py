@@ -20,8 +20,11 @@ wrapped (Pub/Sub's default)       a JSON body ``{"message": {"data": base64, "at
 ================================  =============================================================
 
 Anything else is :class:`Malformed`, whose ``reason`` says what is wrong in
-one line; the endpoint answers it 400 (never 2xx, never a crash). Nothing
-here does I/O.
+one line; the endpoint answers it 400 (never 2xx, never a crash): whatever
+the headers and body, :func:`parse` returns a message or raises
+:class:`Malformed`, nothing else. A ``deliveryAttempt`` is a whole number
+from 0 to 2,147,483,647 (Pub/Sub's int32), as a JSON integer or a string of
+ASCII digits; 0 or none means no count. Nothing here does I/O.
 
 In the unwrapped form attributes travel as HTTP headers, whose names are
 case-insensitive (lowercase here) and shared with the transport: an
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import json
 import re
 from collections.abc import Mapping
@@ -63,6 +67,9 @@ MESSAGE_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 
 _SUBSCRIPTION = re.compile(r"^projects/[^/\s]+/subscriptions/[^/\s]+$")
 _MAX_ID_CHARS = 1024
+_DIGITS = re.compile(r"[0-9]{1,10}")
+_MAX_ATTEMPT = 2**31 - 1
+"""Pub/Sub's delivery attempt is an int32."""
 
 _TRANSPORT_HEADERS = frozenset(
     {
@@ -155,16 +162,20 @@ def from_envelope(
         data_text = ""
     if not isinstance(data_text, str):
         raise Malformed(f'"message.data" is a JSON {_kind(data_text)}, not base64 text')
-    attributes = raw.get("attributes") or {}
+    attributes = raw.get("attributes")
+    if attributes is None:
+        attributes = {}
     if not isinstance(attributes, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
     ):
         raise Malformed('"message.attributes" is not an object of strings')
-    ordering_key = _field(raw, "orderingKey", "ordering_key") or ""
+    ordering_key = _field(raw, "orderingKey", "ordering_key")
+    if ordering_key is None:
+        ordering_key = ""
     if not isinstance(ordering_key, str):
         raise Malformed('"message.orderingKey" is not a string')
     publish = _field(raw, "publishTime", "publish_time")
-    attempt = envelope.get("deliveryAttempt", envelope.get("delivery_attempt"))
+    spelling = "delivery_attempt" if envelope.get("deliveryAttempt") is None else "deliveryAttempt"
     try:
         return PushMessage(
             message_id=message_id,
@@ -172,7 +183,7 @@ def from_envelope(
             attributes=attributes,
             publish_time=_timestamp(publish, '"message.publishTime"'),
             ordering_key=ordering_key,
-            delivery_attempt=_attempt(attempt),
+            delivery_attempt=_attempt(envelope.get(spelling), f'"{spelling}"'),
             subscription=_subscription(envelope.get("subscription"), '"subscription"'),
             shape=shape,
         )
@@ -276,21 +287,42 @@ def _timestamp(value: Any, what: str) -> Any:
     if not isinstance(value, str):
         raise Malformed(f"{what} is not an RFC 3339 time")
     try:
-        return timestamp(value.strip())
-    except ValueError:
+        stamp = timestamp(value.strip())
+        # As the stock Message reads it: a float of seconds to a datetime. The last
+        # nanoseconds of 9999 round up into the year 10000, which a datetime cannot hold.
+        datetime.datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, tz=datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):
         raise Malformed(f"{what} is not an RFC 3339 time: {value[:64]!r}") from None
+    return stamp
 
 
-def _attempt(value: Any, what: str = '"deliveryAttempt"') -> int | None:
+def _attempt(value: Any, what: str) -> int | None:
+    """Pub/Sub's count (int32) as a JSON integer or ASCII digits; 0 or none: no count."""
     if value is None or value == "":
         return None
-    try:
-        attempt = int(value)
-    except (TypeError, ValueError):
-        raise Malformed(f"{what} is not a whole number") from None
-    if isinstance(value, bool | float) or attempt < 0:
-        raise Malformed(f"{what} is not a whole number")
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip(" \t")):
+        attempt = int(value.strip(" \t"))
+    elif type(value) is int:  # not a bool, not a float (1e400 is inf, 3.0 is no count)
+        attempt = value
+    else:
+        attempt = -1
+    if not 0 <= attempt <= _MAX_ATTEMPT:
+        raise Malformed(
+            f"{what} is not a delivery count (a whole number from 0 to {_MAX_ATTEMPT}): "
+            f"{_shown(value)}"
+        )
     return attempt or None
+
+
+def _shown(value: Any) -> str:
+    """A short, one-line form of a JSON value for a reason."""
+    if isinstance(value, str):
+        return repr(value[:32])
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "an integer of more than 64 bits"
+    if isinstance(value, bool | int | float) or value is None:
+        return json.dumps(value)  # 1e400 shows as Infinity, as JavaScript would
+    return f"a JSON {_kind(value)}"
 
 
 def _subscription(value: Any, what: str) -> str | None:
