@@ -27,7 +27,10 @@ from 0 to 2,147,483,647 (Pub/Sub's int32), as a JSON integer or a string of
 ASCII digits; 0 or none means no count. Nothing here does I/O.
 
 In the unwrapped form attributes travel as HTTP headers, whose names are
-case-insensitive (lowercase here) and shared with the transport: an
+case-insensitive and shared with the transport. Names arrive lower-cased
+(``orderId`` is delivered as ``orderid``), except the key attribute: given
+``key_attribute``, the header that matches it case-insensitively is
+delivered under its exact spelling, so the key is found as configured. An
 attribute named like a transport header (``content-type``, ``authorization``,
 ``user-agent``, ``forwarded``, ``x-forwarded-*``, ``x-cloud-trace-context``,
 ``traceparent`` ...) cannot be told from it and is left out (a ``Content-Type``
@@ -55,6 +58,7 @@ __all__ = [
     "Malformed",
     "from_cloud_event_data",
     "from_envelope",
+    "is_transport_header",
     "parse",
 ]
 
@@ -97,6 +101,12 @@ _TRANSPORT_HEADERS = frozenset(
 _TRANSPORT_PREFIXES = ("x-forwarded-", "x-goog-", "x-envoy-", "x-serverless-", "ce-")
 
 
+def is_transport_header(name: str) -> bool:
+    """Whether a header named ``name`` is the transport's, so never an unwrapped attribute."""
+    folded = name.lower()
+    return folded in _TRANSPORT_HEADERS or folded.startswith(_TRANSPORT_PREFIXES)
+
+
 class Malformed(ValueError):
     """The request is not a Pub/Sub push delivery; :attr:`reason` says why in one line."""
 
@@ -105,10 +115,16 @@ class Malformed(ValueError):
         self.reason = reason
 
 
-def parse(headers: Mapping[str, str], body: bytes) -> PushMessage:
+def parse(
+    headers: Mapping[str, str], body: bytes, *, key_attribute: str | None = None
+) -> PushMessage:
     """The message of a push request; :class:`Malformed` if it is none.
 
     ``headers``: the request's headers, names in lowercase (as ASGI gives them).
+    ``key_attribute``: the attribute that holds the job's key
+    (``PUBSUB_WORKER_KEY_ATTRIBUTE``); in the unwrapped form, where attribute
+    names arrive lower-cased, the header matching it case-insensitively is
+    delivered under this exact spelling. The other shapes keep every name as sent.
     """
     content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if "ce-specversion" in headers:
@@ -122,7 +138,7 @@ def parse(headers: Mapping[str, str], body: bytes) -> PushMessage:
     if content_type == "application/cloudevents+json":
         return _structured(_json(body, "the CloudEvent"))
     if "x-goog-pubsub-message-id" in headers:
-        return _unwrapped(headers, body)
+        return _unwrapped(headers, body, key_attribute)
     if not body.strip():
         raise Malformed(
             "an empty body without an x-goog-pubsub-message-id header: not a push request (an "
@@ -215,13 +231,14 @@ def _structured(event: Any) -> PushMessage:
     return from_envelope(data, shape=Shape.CLOUDEVENT_STRUCTURED, fallback_id=fallback)
 
 
-def _unwrapped(headers: Mapping[str, str], body: bytes) -> PushMessage:
+def _unwrapped(headers: Mapping[str, str], body: bytes, key_attribute: str | None) -> PushMessage:
     message_id = _message_id(headers.get("x-goog-pubsub-message-id"), "x-goog-pubsub-message-id")
-    attributes = {
-        name: value
-        for name, value in headers.items()
-        if name not in _TRANSPORT_HEADERS and not name.startswith(_TRANSPORT_PREFIXES)
-    }
+    attributes = {name: value for name, value in headers.items() if not is_transport_header(name)}
+    if key_attribute is not None:
+        folded = key_attribute.lower()
+        found = next((name for name in attributes if name.lower() == folded), None)
+        if found is not None and found != key_attribute:
+            attributes[key_attribute] = attributes.pop(found)
     attempt = headers.get("x-goog-pubsub-delivery-attempt")
     return PushMessage(
         message_id=message_id,

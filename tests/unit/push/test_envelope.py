@@ -359,6 +359,33 @@ def test_a_publish_time_past_the_last_representable_instant_is_malformed() -> No
     assert "not an RFC 3339 time" in caught.value.reason
 
 
+# -- the key attribute in the unwrapped form -----------------------------------------------
+
+
+def _unwrapped_headers(**attributes: str) -> dict[str, str]:
+    # As the HTTP stack hands them over: every name lower-cased.
+    return {"x-goog-pubsub-message-id": "1001", **{k.lower(): v for k, v in attributes.items()}}
+
+
+def test_the_key_attribute_arrives_under_its_own_spelling_in_the_unwrapped_form() -> None:
+    headers = _unwrapped_headers(orderId="o-1", tenantName="acme")
+    message = parse(headers, b"data", key_attribute="orderId")
+    assert dict(message.attributes) == {"orderId": "o-1", "tenantname": "acme"}
+
+
+def test_a_lowercase_key_attribute_and_the_wrapped_form_are_unchanged() -> None:
+    headers = _unwrapped_headers(order_id="o-1")
+    assert dict(parse(headers, b"d", key_attribute="order_id").attributes) == {"order_id": "o-1"}
+    # Wrapped, names keep their spelling: no case folding, the key attribute is matched exactly.
+    message = parse({}, body(wrapped(attributes={"orderid": "o-1"})), key_attribute="orderId")
+    assert dict(message.attributes) == {"orderid": "o-1"}
+
+
+def test_without_a_key_attribute_unwrapped_names_stay_lowercase() -> None:
+    message = parse(_unwrapped_headers(orderId="o-1"), b"data")
+    assert dict(message.attributes) == {"orderid": "o-1"}
+
+
 # -- anything else: a message or Malformed, never another exception ---------------------------
 
 # ASGI servers decode header values as latin-1: any of its 256 characters may arrive.
@@ -449,16 +476,17 @@ def _requests(draw: st.DrawFn) -> tuple[dict[str, str], bytes]:
     return extra, draw(st.one_of(_JSONISH.map(body), st.binary(max_size=64)))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     request=_requests(),
+    key_attribute=st.one_of(st.none(), st.just("orderId"), st.text(min_size=1, max_size=8)),
 )
 def test_any_request_is_a_message_or_malformed_never_a_crash(
-    request: tuple[dict[str, str], bytes],
+    request: tuple[dict[str, str], bytes], key_attribute: str | None
 ) -> None:
     headers, raw = request
     try:
-        message = parse(headers, raw)
+        message = parse(headers, raw, key_attribute=key_attribute)
     except Malformed as exc:
         reason = exc.reason
         assert reason
