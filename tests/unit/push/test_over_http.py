@@ -18,9 +18,14 @@ import pytest
 
 import pubsub_worker
 from pubsub_worker.push import TokenVerifier, create_app
+from pubsub_worker.push.auth import CachedCertificates
 from pubsub_worker.push.envelope import parse
 from tests.support.push_server import PushServer
 from tests.support.world import SUB, FakePublisher
+
+from .tokens import AUDIENCE, SERVICE_ACCOUNT, CertServer, TestKeys
+
+KEYS = TestKeys()
 
 
 class Served:
@@ -125,3 +130,29 @@ def test_an_unwrapped_request_is_keyed_by_an_upper_case_key_attribute(served: An
     answer = endpoint.post(b"payload", **{"x-goog-pubsub-message-id": "1001", "orderId": "o-1"})
     assert (answer.status_code, answer.json()["outcome"]) == (200, "complete")
     assert endpoint.runs == ["o-1"]
+
+
+def test_a_certificate_answer_that_is_not_certificates_is_503_and_not_remembered(
+    served: Any,
+) -> None:
+    certs = CertServer(KEYS.certs())
+    certs.answer = b"<html>Sign in to the network</html>"  # a day's max-age, if believed
+    check = TokenVerifier(
+        audience=AUDIENCE,
+        service_account=SERVICE_ACCOUNT,
+        certificates=CachedCertificates(certs),
+    )
+    endpoint = served(verifier=check)
+    token = {"authorization": "Bearer " + KEYS.token()}
+    body = json.dumps(wrapped()).encode()
+    for _ in range(2):
+        answer = endpoint.post(body, **token)
+        assert answer.status_code == 503  # ours to fix: Pub/Sub retries; never the sender's 401
+        assert "certificates" in answer.json()["why"]
+    assert certs.requests == 2  # asked again each time: the bad answer was not kept
+    certs.answer = None  # the URL answers certificates again
+    assert endpoint.post(body, **token).status_code == 200
+    assert endpoint.runs == ["1001"]
+    assert (
+        endpoint.post(body, **{"authorization": "Bearer " + KEYS.token(aud="x")}).status_code == 401
+    )
