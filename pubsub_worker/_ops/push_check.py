@@ -16,9 +16,10 @@ ack deadline         never: a warning when it differs from ``LEASE_SECONDS`` (th
                      for a request that polls a busy job
 authentication       the subscription sends no token but ``PUSH_VERIFY_TOKEN`` is on, or its
                      service account or audience is not the one the endpoint expects
-                     (every request would be refused 401/403), or they are unset; a
-                     warning when a token is sent but not checked, or none is sent off
-                     the emulator
+                     (every request would be refused 401/403), or they are unset; or
+                     verification is off off the emulators without
+                     ``PUSH_ALLOW_UNVERIFIED`` (the endpoint does not start); a warning
+                     when it is off with ``PUSH_ALLOW_UNVERIFIED``
 retry policy         never: a hint when absent (refused requests come back at once)
 dead-letter policy   never: a hint when absent (a request the endpoint can never accept is
                      retried until the message expires); a warning when Pub/Sub could
@@ -141,14 +142,27 @@ def _deadline(settings: Settings, deadline_s: int, short: str) -> Finding:
 
 def _authentication(settings: Settings, has_token: bool, push: Any, short: str) -> list[Finding]:
     name = "authentication"
-    verify = env_name("push_verify_token")
-    emulator = bool(settings.pubsub_emulator_host)
+    verify, allow = env_name("push_verify_token"), env_name("push_allow_unverified")
     account = push.oidc_token.service_account_email if has_token else ""
+    audience = push.oidc_token.audience or push.push_endpoint
+    unverified = not settings.push_verify_token and not settings.emulated
+    if unverified and not settings.push_allow_unverified:
+        return [
+            Finding(
+                name,
+                "problem",
+                f"{verify}=false off the emulators without {allow}=true: the endpoint does not "
+                f"start; check the token ({env_name('push_audience')}={audience}, "
+                f"{env_name('push_service_account')}={account or 'SA'}), or set {allow}=true "
+                "only behind something else that authenticates every request (Cloud Run's IAM "
+                "invoker check)",
+            )
+        ]
     if not account:
         if settings.push_verify_token:
             hint = (
                 f"the emulator sends no token: set {verify}=false"
-                if emulator
+                if settings.pubsub_emulator_host
                 else (
                     f"gcloud pubsub subscriptions update {short} "
                     "--push-auth-service-account=SA@PROJECT.iam.gserviceaccount.com"
@@ -162,18 +176,17 @@ def _authentication(settings: Settings, has_token: bool, push: Any, short: str) 
                     f"would be refused 401; {hint}",
                 )
             ]
-        if emulator:
+        if settings.emulated:
             return [Finding(name, "ok", f"off ({verify}=false): the emulator sends no token")]
         return [
             Finding(
                 name,
                 "warning",
-                f"off: no token is sent nor checked ({verify}=false), so anyone who can reach "
-                "the endpoint can submit jobs; send one (--push-auth-service-account) and "
-                "check it",
+                f"off ({verify}=false, {allow}=true): no token is sent nor checked, so anyone "
+                "who can reach the endpoint can submit jobs unless something in front of it "
+                "authenticates them; send one (--push-auth-service-account) and check it",
             )
         ]
-    audience = push.oidc_token.audience or push.push_endpoint
     if not settings.push_verify_token:
         return [
             Finding(

@@ -325,13 +325,34 @@ def verifier_for(
 
     ``ConfigError`` when verification is on and the audience or the service
     account is not set: a push endpoint must not accept tokens it cannot judge.
+    Off (``PUSH_VERIFY_TOKEN=false``) is accepted against the emulators only
+    (both ``PUBSUB_EMULATOR_HOST`` and ``FIRESTORE_EMULATOR_HOST`` set), or with
+    ``PUSH_ALLOW_UNVERIFIED=true`` where something else authenticates every
+    request; anywhere else it is a ``ConfigError`` naming both variables.
     """
+    verify, allow = env_name("push_verify_token"), env_name("push_allow_unverified")
     if not settings.push_verify_token:
-        _LOGGER.warning(
-            "%s=false: push requests are accepted without a token; only where Pub/Sub sends "
-            "none (the emulator)",
-            env_name("push_verify_token"),
-        )
+        if settings.push_allow_unverified:
+            _LOGGER.warning(
+                "%s=false, %s=true: push requests are accepted without a token; only behind "
+                "something else that authenticates every request (Cloud Run's IAM invoker check)",
+                verify,
+                allow,
+            )
+        elif settings.emulated:
+            _LOGGER.warning(
+                "%s=false: push requests are accepted without a token (the emulators send none)",
+                verify,
+            )
+        else:
+            raise ConfigError(
+                f"{verify}=false is accepted only against the emulators (PUBSUB_EMULATOR_HOST "
+                f"and FIRESTORE_EMULATOR_HOST both set to HOST:PORT), or with {allow}=true "
+                "where something else authenticates every request (Cloud Run's IAM invoker "
+                "check); otherwise anyone who can reach the endpoint can submit jobs. Verify "
+                f"the token instead: unset {verify}, set {env_name('push_audience')} and "
+                f"{env_name('push_service_account')}"
+            )
         return None
     missing = [
         env_name(field)
@@ -342,8 +363,7 @@ def verifier_for(
         raise ConfigError(
             f"{' and '.join(missing)} must be set to verify push requests' OIDC tokens "
             f"(the subscription's --push-auth-token-audience and --push-auth-service-account), "
-            f"or set {env_name('push_verify_token')}=false where Pub/Sub sends no token "
-            "(the emulator)"
+            f"or set {verify}=false where Pub/Sub sends no token (the emulators)"
         )
     assert settings.push_audience is not None
     assert settings.push_service_account is not None

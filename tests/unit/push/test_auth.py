@@ -311,9 +311,47 @@ def test_any_token_is_judged_401_403_or_accepted_never_a_crash(
         assert status in (401, 403)
 
 
-def test_verification_off_gives_no_verifier() -> None:
-    settings = Settings(subscription="projects/p/subscriptions/jobs", push_verify_token=False)
-    assert verifier_for(settings) is None
+def _off(**values: Any) -> Settings:
+    """Verification off; no emulator unless ``values`` name one, whatever the environment."""
+    base: dict[str, Any] = {
+        "subscription": "projects/p/subscriptions/jobs",
+        "push_verify_token": False,
+        "pubsub_emulator_host": None,
+        "firestore_emulator_host": None,
+    }
+    return Settings(**{**base, **values})
+
+
+def test_verification_off_is_accepted_only_against_both_emulators(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = {
+        "none": {},
+        "pubsub only": {"pubsub_emulator_host": "127.0.0.1:8085"},
+        "firestore only": {"firestore_emulator_host": "127.0.0.1:8086"},
+        "empty placeholders": {"pubsub_emulator_host": "", "firestore_emulator_host": ""},
+    }
+    for name, emulators in refused.items():
+        with pytest.raises(ConfigError) as caught:
+            verifier_for(_off(**emulators))
+        message = str(caught.value)
+        assert "PUBSUB_WORKER_PUSH_VERIFY_TOKEN=false" in message, name
+        assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in message, name
+        assert "PUBSUB_EMULATOR_HOST and FIRESTORE_EMULATOR_HOST" in message, name
+    # A placeholder that is no HOST:PORT ("x") is refused by the settings themselves.
+    emulated = _off(pubsub_emulator_host="127.0.0.1:8085", firestore_emulator_host="firestore:8086")
+    assert verifier_for(emulated) is None
+    assert "accepted without a token (the emulators send none)" in caplog.text
+
+
+def test_verification_off_with_allow_unverified_gives_no_verifier_anywhere(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert verifier_for(_off(push_allow_unverified=True)) is None
+    assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in caplog.text
+    monkeypatch.setenv("PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED", "true")  # a known variable
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "projects/p/subscriptions/jobs")
+    assert Settings.from_env().push_allow_unverified is True
 
 
 def test_verification_on_needs_audience_and_service_account() -> None:
@@ -339,6 +377,7 @@ def test_verification_on_needs_audience_and_service_account() -> None:
         ("push_audience", "", "PUBSUB_WORKER_PUSH_AUDIENCE"),
         ("push_service_account", "not-an-email", "PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT"),
         ("push_verify_token", "maybe", "PUBSUB_WORKER_PUSH_VERIFY_TOKEN"),
+        ("push_allow_unverified", "maybe", "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED"),
     ],
 )
 def test_bad_push_settings_name_their_variable(field: str, value: str, variable: str) -> None:

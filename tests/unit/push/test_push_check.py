@@ -92,23 +92,45 @@ def test_no_token_while_verifying_is_a_problem_with_the_fix() -> None:
     assert "--push-auth-service-account" in found.detail
 
 
+EMULATORS = {"pubsub_emulator_host": "127.0.0.1:8085", "firestore_emulator_host": "127.0.0.1:8086"}
+
+
 def test_no_token_on_the_emulator_says_to_turn_verification_off() -> None:
-    emulator = settings(pubsub_emulator_host="127.0.0.1:8085")
+    emulator = settings(**EMULATORS)
     found = by_name(push_findings(emulator, subscription()))["authentication"]
     assert found.level == "problem"
     assert "PUBSUB_WORKER_PUSH_VERIFY_TOKEN=false" in found.detail
-    off = settings(pubsub_emulator_host="127.0.0.1:8085", push_verify_token=False)
+    off = settings(**EMULATORS, push_verify_token=False)
     assert by_name(push_findings(off, subscription()))["authentication"].level == "ok"
 
 
-def test_no_token_and_no_check_off_the_emulator_is_a_warning() -> None:
-    found = by_name(push_findings(settings(push_verify_token=False), subscription()))
+@pytest.mark.parametrize(
+    "where",
+    [{}, {"pubsub_emulator_host": "127.0.0.1:8085"}],
+    ids=["Google", "the Pub/Sub emulator alone"],
+)
+@pytest.mark.parametrize("token", [False, True], ids=["no token sent", "a token sent"])
+def test_verification_off_off_the_emulators_is_a_problem_the_endpoint_does_not_start(
+    where: dict[str, str], token: bool
+) -> None:
+    sub = subscription(oidc_token={"service_account_email": ACCOUNT}) if token else subscription()
+    found = by_name(push_findings(settings(push_verify_token=False, **where), sub))
+    assert found["authentication"].level == "problem"
+    assert "the endpoint does not start" in found["authentication"].detail
+    assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in found["authentication"].detail
+
+
+def test_no_token_and_no_check_behind_another_authentication_is_a_warning() -> None:
+    allowed = settings(push_verify_token=False, push_allow_unverified=True)
+    found = by_name(push_findings(allowed, subscription()))
     assert found["authentication"].level == "warning"
+    assert "anyone who can reach the endpoint" in found["authentication"].detail
 
 
-def test_a_token_not_checked_is_a_warning() -> None:
+def test_a_token_not_checked_behind_another_authentication_is_a_warning() -> None:
     sub = subscription(oidc_token={"service_account_email": ACCOUNT})
-    found = by_name(push_findings(settings(push_verify_token=False), sub))["authentication"]
+    allowed = settings(push_verify_token=False, push_allow_unverified=True)
+    found = by_name(push_findings(allowed, sub))["authentication"]
     assert found.level == "warning"
     assert f"PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT={ACCOUNT}" in found.detail
 
