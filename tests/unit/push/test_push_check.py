@@ -135,6 +135,47 @@ def test_a_token_not_checked_behind_another_authentication_is_a_warning() -> Non
     assert f"PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT={ACCOUNT}" in found.detail
 
 
+UNWRAPPED = {"no_wrapper": {"write_metadata": True}}
+UNWRAPPED_BARE = {"no_wrapper": {"write_metadata": False}}
+
+
+def key_finding(key_attribute: str | None, **push: Any) -> Finding:
+    return by_name(push_findings(settings(key_attribute=key_attribute), subscription(**push)))[
+        "key attribute"
+    ]
+
+
+def test_a_key_attribute_unwrapped_without_metadata_never_arrives_a_problem() -> None:
+    found = key_finding("orderId", **UNWRAPPED_BARE)
+    assert found.level == "problem"
+    assert "no attribute reaches the endpoint" in found.detail
+    assert "--push-no-wrapper-write-metadata" in found.detail
+    assert "PUBSUB_WORKER_KEY_ATTRIBUTE=orderId" in found.detail
+
+
+def test_an_upper_case_key_attribute_unwrapped_is_a_warning_that_says_how_it_arrives() -> None:
+    found = key_finding("orderId", **UNWRAPPED)
+    assert found.level == "warning"
+    assert "arrives unwrapped as the header orderid" in found.detail
+    assert "matched case-insensitively" in found.detail
+
+
+@pytest.mark.parametrize("name", ["Content-Type", "traceparent", "X-Forwarded-For", "ce-id"])
+def test_a_key_attribute_named_like_a_transport_header_unwrapped_is_a_problem(name: str) -> None:
+    found = key_finding(name, **UNWRAPPED)
+    assert found.level == "problem"
+    assert "belongs to the HTTP transport" in found.detail
+
+
+def test_a_key_attribute_that_arrives_as_set_is_ok() -> None:
+    assert key_finding("order_id", **UNWRAPPED).level == "ok"  # lowercase: the same header
+    assert key_finding("orderId").level == "ok"  # wrapped: names as published
+    assert (
+        key_finding("orderId").detail == "orderId, read from the envelope's attributes as published"
+    )
+    assert key_finding(None, **UNWRAPPED_BARE).level == "ok"  # the message id is the key
+
+
 def test_unwrapped_without_metadata_is_a_problem() -> None:
     sub = subscription(no_wrapper={"write_metadata": False})
     assert by_name(push_findings(settings(), sub))["payload"].level == "problem"
