@@ -129,15 +129,19 @@ def test_certificates_are_fetched_once_while_fresh() -> None:
     assert server.requests == 1
 
 
-def test_certificates_are_fetched_again_after_their_max_age() -> None:
-    now = [1000.0]
-    server = CertServer(KEYS.certs(), max_age_s=60)
-    check, _ = verifier(KEYS, server=server)
-    check = TokenVerifier(
+def on_clock(server: CertServer, now: list[float]) -> TokenVerifier:
+    """A verifier trusting what ``server`` answers, on the clock ``now[0]`` (seconds)."""
+    return TokenVerifier(
         audience=AUDIENCE,
         service_account=SERVICE_ACCOUNT,
         certificates=CachedCertificates(server, clock=lambda: now[0]),
     )
+
+
+def test_certificates_are_fetched_again_after_their_max_age() -> None:
+    now = [1000.0]
+    server = CertServer(KEYS.certs(), max_age_s=60)
+    check = on_clock(server, now)
     check.verify("Bearer " + KEYS.token())
     now[0] += 59
     check.verify("Bearer " + KEYS.token())
@@ -151,11 +155,7 @@ def test_a_rotated_key_is_picked_up_and_unknown_key_ids_fetch_at_most_once_a_min
     now = [1000.0]
     rotated = TestKeys(kid="test-key-2")
     server = CertServer(KEYS.certs())
-    check = TokenVerifier(
-        audience=AUDIENCE,
-        service_account=SERVICE_ACCOUNT,
-        certificates=CachedCertificates(server, clock=lambda: now[0]),
-    )
+    check = on_clock(server, now)
     check.verify("Bearer " + KEYS.token())
     server.certs = {**KEYS.certs(), **rotated.certs()}  # Google rotates
     found = refused(check, "Bearer " + rotated.token())  # within the minute: not fetched
@@ -223,11 +223,7 @@ def test_googles_answer_is_certificates() -> None:
 def test_a_failed_refresh_for_an_unknown_key_keeps_the_certificates_in_hand() -> None:
     now = [1000.0]
     server = CertServer(KEYS.certs())
-    check = TokenVerifier(
-        audience=AUDIENCE,
-        service_account=SERVICE_ACCOUNT,
-        certificates=CachedCertificates(server, clock=lambda: now[0]),
-    )
+    check = on_clock(server, now)
     check.verify("Bearer " + KEYS.token())
     now[0] += 61
     server.answer = b"<html>proxy error</html>"
