@@ -79,7 +79,14 @@ _ACCEPTS: dict[str, str] = {
         "the audience of the push subscription's OIDC token (its --push-auth-token-audience, "
         "by default the push endpoint's URL): 1 to 2048 characters, no spaces"
     ),
-    "push_verify_token": "true or false (false only where no token is sent: the emulator)",
+    "push_verify_token": (
+        "true or false (false only against the emulators, or with "
+        "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true)"
+    ),
+    "push_allow_unverified": (
+        "true or false (true only where something else authenticates every request, such as "
+        "Cloud Run's IAM invoker check)"
+    ),
     "push_service_account": (
         "the email of the service account the push subscription signs its tokens as "
         "(its --push-auth-service-account)"
@@ -179,7 +186,12 @@ class Settings(BaseSettings):
     """Push subscriptions: the ``aud`` claim a request's OIDC token must carry."""
     push_verify_token: bool = True
     """Push subscriptions: refuse a request without a valid OIDC token (401/403) before
-    anything is read or written; ``false`` only where Pub/Sub sends no token (the emulator)."""
+    anything is read or written. ``false`` starts only against the emulators (:attr:`emulated`)
+    or with ``push_allow_unverified``."""
+    push_allow_unverified: bool = False
+    """Push subscriptions: let ``push_verify_token=false`` start off the emulators. Only
+    behind something else that authenticates every request (Cloud Run's IAM invoker check
+    of a service deployed with ``--no-allow-unauthenticated``)."""
     push_service_account: str | None = None
     """Push subscriptions: the ``email`` claim a request's OIDC token must carry (verified)."""
     pubsub_emulator_host: str | None = Field(
@@ -308,6 +320,12 @@ class Settings(BaseSettings):
         """Messages :func:`pubsub_worker.run`'s flow control lets in: running plus prefetched."""
         prefetch = self.max_messages if self.prefetch_messages is None else self.prefetch_messages
         return self.max_messages + prefetch
+
+    @property
+    def emulated(self) -> bool:
+        """Both emulators are set (``PUBSUB_EMULATOR_HOST`` and ``FIRESTORE_EMULATOR_HOST``,
+        each a HOST:PORT): nothing reaches Google's services."""
+        return bool(self.pubsub_emulator_host) and bool(self.firestore_emulator_host)
 
     @property
     def project_id(self) -> str:

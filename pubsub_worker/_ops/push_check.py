@@ -10,15 +10,21 @@ subscription         never: says where it pushes (and that the path must be the 
                      endpoint serves: ``POST /``, or a mounted app's prefix)
 payload              unwrapped without ``write_metadata``: no message id reaches the
                      endpoint, every request is answered 400
+key attribute        ``KEY_ATTRIBUTE`` can never arrive: unwrapped without
+                     ``write_metadata`` (no attribute is sent), or named like a header
+                     of the transport (left out); a warning when unwrapped and it has
+                     upper-case letters (the header arrives lower-cased and is matched
+                     case-insensitively; the other attributes stay lower-cased)
 exactly-once         never: push has none; the Firestore epoch is the whole protection
 ack deadline         never: a warning when it differs from ``LEASE_SECONDS`` (the push
                      request timeout sizes the job's lease and its cap), or is too short
                      for a request that polls a busy job
 authentication       the subscription sends no token but ``PUSH_VERIFY_TOKEN`` is on, or its
                      service account or audience is not the one the endpoint expects
-                     (every request would be refused 401/403), or they are unset; a
-                     warning when a token is sent but not checked, or none is sent off
-                     the emulator
+                     (every request would be refused 401/403), or they are unset; or
+                     verification is off off the emulators without
+                     ``PUSH_ALLOW_UNVERIFIED`` (the endpoint does not start); a warning
+                     when it is off with ``PUSH_ALLOW_UNVERIFIED``
 retry policy         never: a hint when absent (refused requests come back at once)
 dead-letter policy   never: a hint when absent (a request the endpoint can never accept is
                      retried until the message expires); a warning when Pub/Sub could
@@ -36,6 +42,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pubsub_worker.push.delivery import request_cap_s
+from pubsub_worker.push.envelope import is_transport_header
 from pubsub_worker.settings import Settings, env_name
 
 __all__ = ["Finding", "is_push", "push_findings"]
@@ -63,7 +70,9 @@ def push_findings(settings: Settings, subscription: Any) -> list[Finding]:
     push = subscription.push_config
     short = settings.subscription_path.rsplit("/", 1)[-1]
     found = [_endpoint(push.push_endpoint, subscription.topic)]
-    found.append(_payload(pb.push_config.HasField("no_wrapper"), push, short))
+    unwrapped = pb.push_config.HasField("no_wrapper")
+    found.append(_payload(unwrapped, push, short))
+    found.append(_key_attribute(settings, unwrapped, push, short))
     found.append(
         Finding(
             "exactly-once delivery",
@@ -98,8 +107,8 @@ def _payload(unwrapped: bool, push: Any, short: str) -> Finding:
         return Finding(
             "payload",
             "ok",
-            "unwrapped, with the metadata and attributes as headers (header names are "
-            "case-insensitive: a key attribute is matched in lowercase)",
+            "unwrapped, with the metadata and attributes as headers (attribute names arrive "
+            "lower-cased)",
         )
     return Finding(
         "payload",
@@ -108,6 +117,45 @@ def _payload(unwrapped: bool, push: Any, short: str) -> Finding:
         f"is answered 400; gcloud pubsub subscriptions update {short} --push-no-wrapper "
         "--push-no-wrapper-write-metadata (or drop --push-no-wrapper)",
     )
+
+
+def _key_attribute(settings: Settings, unwrapped: bool, push: Any, short: str) -> Finding:
+    name, variable = settings.key_attribute, env_name("key_attribute")
+    if name is None:
+        return Finding("key attribute", "ok", "unset: each message's id is its job's key")
+    if not unwrapped:
+        return Finding(
+            "key attribute", "ok", f"{name}, read from the envelope's attributes as published"
+        )
+    if not push.no_wrapper.write_metadata:
+        return Finding(
+            "key attribute",
+            "problem",
+            f"{variable}={name}, but unwrapped without metadata no attribute reaches the "
+            "endpoint: no message would have its key; gcloud pubsub subscriptions update "
+            f"{short} --push-no-wrapper --push-no-wrapper-write-metadata (or drop "
+            "--push-no-wrapper)",
+        )
+    header = name.lower()
+    if is_transport_header(header):
+        return Finding(
+            "key attribute",
+            "problem",
+            f"{variable}={name} travels unwrapped as the header {header}, which belongs to "
+            "the HTTP transport and is left out of the attributes: every message would go to "
+            "review as missing its key; use another attribute, or the wrapped form (drop "
+            "--push-no-wrapper)",
+        )
+    if header != name:
+        return Finding(
+            "key attribute",
+            "warning",
+            f"{name} arrives unwrapped as the header {header} (HTTP lower-cases header names) "
+            f"and is matched case-insensitively, so the key is found as {name}; the other "
+            "attributes reach the handler lower-cased, and attributes that differ only in "
+            "case cannot be told apart (the wrapped form keeps names as published)",
+        )
+    return Finding("key attribute", "ok", f"{name}, as the header {header}")
 
 
 def _deadline(settings: Settings, deadline_s: int, short: str) -> Finding:
@@ -141,14 +189,27 @@ def _deadline(settings: Settings, deadline_s: int, short: str) -> Finding:
 
 def _authentication(settings: Settings, has_token: bool, push: Any, short: str) -> list[Finding]:
     name = "authentication"
-    verify = env_name("push_verify_token")
-    emulator = bool(settings.pubsub_emulator_host)
+    verify, allow = env_name("push_verify_token"), env_name("push_allow_unverified")
     account = push.oidc_token.service_account_email if has_token else ""
+    audience = push.oidc_token.audience or push.push_endpoint
+    unverified = not settings.push_verify_token and not settings.emulated
+    if unverified and not settings.push_allow_unverified:
+        return [
+            Finding(
+                name,
+                "problem",
+                f"{verify}=false off the emulators without {allow}=true: the endpoint does not "
+                f"start; check the token ({env_name('push_audience')}={audience}, "
+                f"{env_name('push_service_account')}={account or 'SA'}), or set {allow}=true "
+                "only behind something else that authenticates every request (Cloud Run's IAM "
+                "invoker check)",
+            )
+        ]
     if not account:
         if settings.push_verify_token:
             hint = (
                 f"the emulator sends no token: set {verify}=false"
-                if emulator
+                if settings.pubsub_emulator_host
                 else (
                     f"gcloud pubsub subscriptions update {short} "
                     "--push-auth-service-account=SA@PROJECT.iam.gserviceaccount.com"
@@ -162,18 +223,17 @@ def _authentication(settings: Settings, has_token: bool, push: Any, short: str) 
                     f"would be refused 401; {hint}",
                 )
             ]
-        if emulator:
+        if settings.emulated:
             return [Finding(name, "ok", f"off ({verify}=false): the emulator sends no token")]
         return [
             Finding(
                 name,
                 "warning",
-                f"off: no token is sent nor checked ({verify}=false), so anyone who can reach "
-                "the endpoint can submit jobs; send one (--push-auth-service-account) and "
-                "check it",
+                f"off ({verify}=false, {allow}=true): no token is sent nor checked, so anyone "
+                "who can reach the endpoint can submit jobs unless something in front of it "
+                "authenticates them; send one (--push-auth-service-account) and check it",
             )
         ]
-    audience = push.oidc_token.audience or push.push_endpoint
     if not settings.push_verify_token:
         return [
             Finding(

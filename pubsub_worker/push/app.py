@@ -83,6 +83,7 @@ class PushApp:
         self._closed = False
         self._start_error: str | None = None
         self._slots = threading.Semaphore(0)  # one per delivery thread, made at start
+        self._key_attribute: str | None = None  # matched case-insensitively in header names
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class PushApp:
                 self._verifier = verifier_for(self.deliveries.configured())
                 self._verifier_set = True
             settings = self.deliveries.start()
+            self._key_attribute = settings.key_attribute
             self._slots = threading.Semaphore(settings.max_messages)
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=settings.max_messages, thread_name_prefix="pubsub-worker-push"
@@ -205,7 +207,7 @@ class PushApp:
             _LOGGER.warning("push request cut short (no delivery): %s", exc)
             return Answer(400, "incomplete", str(exc))
         try:
-            message = parse(headers, body)
+            message = parse(headers, body, key_attribute=self._key_attribute)
         except Malformed as exc:
             _LOGGER.warning("malformed push request (400): %s", exc.reason)
             return Answer(400, "malformed", exc.reason)

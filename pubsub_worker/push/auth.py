@@ -17,29 +17,36 @@ account, with the audience the subscription names
 A missing, malformed, forged, expired or wrong-audience token is
 :class:`Refused` with 401; a valid token of another account with 403. The
 endpoint answers both before it reads the body (:mod:`pubsub_worker.push.app`).
-Certificates that cannot be fetched are :class:`CertificatesUnavailable`
-(503: Pub/Sub sends the request again), never a 401.
+Certificates that cannot be had are :class:`CertificatesUnavailable` (503:
+our side cannot judge the request now; Pub/Sub sends it again), never a 401:
+the fetch failed, or the certificate URL answered anything but a JSON object
+of key id -> PEM certificate that google-auth can read (an HTML page from a
+proxy, an empty object). Such an answer is never remembered, so the next
+request asks again; a 401 stays the sender's fault alone.
 
 The certificates are fetched once and kept as long as Google's
 ``Cache-Control: max-age`` allows (:class:`CachedCertificates`, a
-``google.auth.transport.Request`` that remembers answers); an unknown key
-id fetches them again at most once a minute, so a rotation is picked up
-and forged key ids cannot make the endpoint fetch on every request. Tests
-pass their own transport and sign with their own keys: no network.
+``google.auth.transport.Request`` that remembers valid answers); an unknown
+key id fetches them again at most once a minute, so a rotation is picked up
+and forged key ids cannot make the endpoint fetch on every request (if that
+fetch fails, the certificates in hand are kept). Tests pass their own
+transport and sign with their own keys: no network.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import google.auth.exceptions
 import google.auth.transport
+from google.auth import crypt
 from google.oauth2 import id_token
 
 from pubsub_worker.errors import ConfigError
@@ -51,6 +58,7 @@ __all__ = [
     "CertificatesUnavailable",
     "Refused",
     "TokenVerifier",
+    "certificates_problem",
     "verifier_for",
 ]
 
@@ -65,6 +73,7 @@ _REFETCH_UNKNOWN_KEY_S = 60.0
 _FETCH_TIMEOUT_S = 10.0
 _MAX_AGE = re.compile(r"max-age=(\d+)")
 _INSTALL = "pip install 'pubsub-worker[push]'"
+_PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 
 
 class Refused(Exception):
@@ -101,11 +110,25 @@ class _Remembered(google.auth.transport.Response):
         return self._data
 
 
-class CachedCertificates(google.auth.transport.Request):
-    """A transport that remembers each URL's 200 answer for its ``max-age``. Thread-safe.
+class _Answer(NamedTuple):
+    at: float
+    """When it was fetched, or last confirmed (a failed refresh keeps it)."""
+    until: float
+    """Its ``max-age`` runs out."""
+    response: _Remembered
+    refresh: bool
+    """Fetch again before using it (an unknown key id)."""
 
-    ``transport`` makes the real requests (default: google-auth's ``requests``
-    transport, from the ``push`` extra); ``clock`` is ``time.monotonic``.
+
+class CachedCertificates(google.auth.transport.Request):
+    """A transport for certificate URLs that remembers each valid answer for its ``max-age``.
+
+    Only a 200 whose body :func:`certificates_problem` accepts is answered
+    and remembered; anything else raises ``google.auth.exceptions.TransportError``
+    (which the verifier turns into :class:`CertificatesUnavailable`) and is
+    forgotten. Thread-safe. ``transport`` makes the real requests (default:
+    google-auth's ``requests`` transport, from the ``push`` extra); ``clock``
+    is ``time.monotonic``.
     """
 
     def __init__(
@@ -117,7 +140,7 @@ class CachedCertificates(google.auth.transport.Request):
         self._transport = transport
         self._clock = clock
         self._lock = threading.Lock()  # guards _answers; held while fetching (one fetch at once)
-        self._answers: dict[str, tuple[float, float, _Remembered]] = {}  # url -> (at, until, ...)
+        self._answers: dict[str, _Answer] = {}
         self.fetches = 0
         """Requests actually sent (for tests and the curious)."""
 
@@ -130,27 +153,48 @@ class CachedCertificates(google.auth.transport.Request):
         timeout: float | None = None,
         **kwargs: Any,
     ) -> google.auth.transport.Response:
-        """The remembered answer while fresh, else a new one (remembered when it is a 200)."""
+        """The remembered answer while fresh, else a new valid one; else ``TransportError``."""
         with self._lock:
             now = self._clock()
             found = self._answers.get(url)
-            if found is not None and now < found[1]:
-                return found[2]
-            response = self._inner()(url, method=method, timeout=timeout or _FETCH_TIMEOUT_S)
-            self.fetches += 1
-            remembered = _Remembered(response.status, response.headers, response.data)
-            if response.status == http.client.OK:
-                self._answers[url] = (now, now + _max_age_s(response.headers), remembered)
-            return remembered
+            if found is not None and now < found.until and not found.refresh:
+                return found.response
+            try:
+                response = self._fetch(url, method, timeout or _FETCH_TIMEOUT_S)
+            except google.auth.exceptions.TransportError as exc:
+                if found is None or now >= found.until:
+                    self._answers.pop(url, None)
+                    raise
+                _LOGGER.warning("refreshing %s failed, the certificates in hand kept: %s", url, exc)
+                self._answers[url] = found._replace(at=now, refresh=False)
+                return found.response
+            self._answers[url] = _Answer(now, now + _max_age_s(response.headers), response, False)
+            return response
 
-    def forget_stale(self, url: str, older_than_s: float) -> bool:
-        """Forget ``url``'s answer if it is older than ``older_than_s``; whether it was."""
+    def refetch_if_older(self, url: str, older_than_s: float) -> bool:
+        """Fetch ``url`` again on its next use if its answer is older than ``older_than_s``;
+        whether it will be. Should that fetch fail, the answer in hand is kept."""
         with self._lock:
             found = self._answers.get(url)
-            if found is None or self._clock() - found[0] < older_than_s:
+            if found is None or self._clock() - found.at < older_than_s:
                 return False
-            del self._answers[url]
+            self._answers[url] = found._replace(refresh=True)
             return True
+
+    def _fetch(self, url: str, method: str, timeout: float) -> _Remembered:
+        response = self._inner()(url, method=method, timeout=timeout)
+        self.fetches += 1
+        if response.status != http.client.OK:
+            raise google.auth.exceptions.TransportError(  # type: ignore[no-untyped-call]
+                f"{url} answered {response.status}"
+            )
+        data = bytes(response.data)
+        problem = certificates_problem(data)
+        if problem is not None:
+            raise google.auth.exceptions.TransportError(  # type: ignore[no-untyped-call]
+                f"{url} answered 200 with no certificates: {problem}"
+            )
+        return _Remembered(response.status, response.headers, data)
 
     def _inner(self) -> google.auth.transport.Request:
         if self._transport is None:
@@ -160,6 +204,32 @@ class CachedCertificates(google.auth.transport.Request):
                 raise ImportError(f"verifying push tokens needs requests: {_INSTALL}") from exc
             self._transport = transport_requests.Request()
         return self._transport
+
+
+def certificates_problem(data: bytes) -> str | None:
+    """What is wrong with a certificate URL's answer, or None if it is certificates.
+
+    Google's answer is a JSON object of key id -> PEM x509 certificate
+    (``-----BEGIN CERTIFICATE-----``), each readable by google-auth's RSA
+    verifier (Google signs ID tokens RS256). Anything else would make every
+    token fail to verify, so it is refused here, before it is remembered.
+    """
+    try:
+        certs = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return f"not JSON: {_clip(data[:64])}"
+    if not isinstance(certs, dict) or not certs:
+        return "not a JSON object of key id -> certificate"
+    if "keys" in certs:  # google-auth would read the whole answer as a JWK set
+        return 'a JWK set ("keys"), not key id -> certificate'
+    for kid, cert in certs.items():
+        if not isinstance(cert, str) or _PEM_CERTIFICATE not in cert:
+            return f"key id {_clip(kid, 64)!r} is not a PEM certificate"
+        try:
+            crypt.RSAVerifier.from_string(cert)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # noqa: BLE001 - any failure to read it: not a certificate
+            return f"key id {_clip(kid, 64)!r}: {type(exc).__name__}: {_clip(exc, 100)}"
+    return None
 
 
 def _max_age_s(headers: Mapping[str, str]) -> float:
@@ -193,7 +263,7 @@ class TokenVerifier:
         try:
             claims = self._decode(token)
         except _UnknownKey:
-            if not self._certs.forget_stale(self._certs_url, _REFETCH_UNKNOWN_KEY_S):
+            if not self._certs.refetch_if_older(self._certs_url, _REFETCH_UNKNOWN_KEY_S):
                 raise
             claims = self._decode(token)  # an unknown key id: perhaps a rotation
         email = claims.get("email")
@@ -215,10 +285,13 @@ class TokenVerifier:
             return claims
         except google.auth.exceptions.TransportError as exc:
             raise CertificatesUnavailable(f"Google's certificates: {_clip(exc)}") from exc
-        except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
+        except (ValueError, TypeError, KeyError, google.auth.exceptions.GoogleAuthError) as exc:
+            # The certificates were checked before they were kept: what fails now is the
+            # token (TypeError, KeyError: a signed token with a claim missing or of the
+            # wrong type, such as no "iss" or a text "iat").
             if "Certificate for key id" in str(exc):
                 raise _UnknownKey(401, f"invalid token: {_clip(exc)}") from None
-            raise Refused(401, f"invalid token: {_clip(exc)}") from None
+            raise Refused(401, f"invalid token: {_describe(exc)}") from None
 
 
 def _bearer(authorization: str | None) -> str:
@@ -234,6 +307,12 @@ def _bearer(authorization: str | None) -> str:
     return token.strip()
 
 
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"the claim {_clip(exc.args[0] if exc.args else exc, 64)!s} is missing"
+    return _clip(exc)
+
+
 def _clip(value: object, limit: int = 200) -> str:
     text = str(value)
     return text if len(text) <= limit else text[:limit] + "…"
@@ -246,13 +325,34 @@ def verifier_for(
 
     ``ConfigError`` when verification is on and the audience or the service
     account is not set: a push endpoint must not accept tokens it cannot judge.
+    Off (``PUSH_VERIFY_TOKEN=false``) is accepted against the emulators only
+    (both ``PUBSUB_EMULATOR_HOST`` and ``FIRESTORE_EMULATOR_HOST`` set), or with
+    ``PUSH_ALLOW_UNVERIFIED=true`` where something else authenticates every
+    request; anywhere else it is a ``ConfigError`` naming both variables.
     """
+    verify, allow = env_name("push_verify_token"), env_name("push_allow_unverified")
     if not settings.push_verify_token:
-        _LOGGER.warning(
-            "%s=false: push requests are accepted without a token; only where Pub/Sub sends "
-            "none (the emulator)",
-            env_name("push_verify_token"),
-        )
+        if settings.push_allow_unverified:
+            _LOGGER.warning(
+                "%s=false, %s=true: push requests are accepted without a token; only behind "
+                "something else that authenticates every request (Cloud Run's IAM invoker check)",
+                verify,
+                allow,
+            )
+        elif settings.emulated:
+            _LOGGER.warning(
+                "%s=false: push requests are accepted without a token (the emulators send none)",
+                verify,
+            )
+        else:
+            raise ConfigError(
+                f"{verify}=false is accepted only against the emulators (PUBSUB_EMULATOR_HOST "
+                f"and FIRESTORE_EMULATOR_HOST both set to HOST:PORT), or with {allow}=true "
+                "where something else authenticates every request (Cloud Run's IAM invoker "
+                "check); otherwise anyone who can reach the endpoint can submit jobs. Verify "
+                f"the token instead: unset {verify}, set {env_name('push_audience')} and "
+                f"{env_name('push_service_account')}"
+            )
         return None
     missing = [
         env_name(field)
@@ -263,8 +363,7 @@ def verifier_for(
         raise ConfigError(
             f"{' and '.join(missing)} must be set to verify push requests' OIDC tokens "
             f"(the subscription's --push-auth-token-audience and --push-auth-service-account), "
-            f"or set {env_name('push_verify_token')}=false where Pub/Sub sends no token "
-            "(the emulator)"
+            f"or set {verify}=false where Pub/Sub sends no token (the emulators)"
         )
     assert settings.push_audience is not None
     assert settings.push_service_account is not None

@@ -20,11 +20,17 @@ wrapped (Pub/Sub's default)       a JSON body ``{"message": {"data": base64, "at
 ================================  =============================================================
 
 Anything else is :class:`Malformed`, whose ``reason`` says what is wrong in
-one line; the endpoint answers it 400 (never 2xx, never a crash). Nothing
-here does I/O.
+one line; the endpoint answers it 400 (never 2xx, never a crash): whatever
+the headers and body, :func:`parse` returns a message or raises
+:class:`Malformed`, nothing else. A ``deliveryAttempt`` is a whole number
+from 0 to 2,147,483,647 (Pub/Sub's int32), as a JSON integer or a string of
+ASCII digits; 0 or none means no count. Nothing here does I/O.
 
 In the unwrapped form attributes travel as HTTP headers, whose names are
-case-insensitive (lowercase here) and shared with the transport: an
+case-insensitive and shared with the transport. Names arrive lower-cased
+(``orderId`` is delivered as ``orderid``), except the key attribute: given
+``key_attribute``, the header that matches it case-insensitively is
+delivered under its exact spelling, so the key is found as configured. An
 attribute named like a transport header (``content-type``, ``authorization``,
 ``user-agent``, ``forwarded``, ``x-forwarded-*``, ``x-cloud-trace-context``,
 ``traceparent`` ...) cannot be told from it and is left out (a ``Content-Type``
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import json
 import re
 from collections.abc import Mapping
@@ -51,6 +58,7 @@ __all__ = [
     "Malformed",
     "from_cloud_event_data",
     "from_envelope",
+    "is_transport_header",
     "parse",
 ]
 
@@ -63,6 +71,9 @@ MESSAGE_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 
 _SUBSCRIPTION = re.compile(r"^projects/[^/\s]+/subscriptions/[^/\s]+$")
 _MAX_ID_CHARS = 1024
+_DIGITS = re.compile(r"[0-9]{1,10}")
+_MAX_ATTEMPT = 2**31 - 1
+"""Pub/Sub's delivery attempt is an int32."""
 
 _TRANSPORT_HEADERS = frozenset(
     {
@@ -90,6 +101,12 @@ _TRANSPORT_HEADERS = frozenset(
 _TRANSPORT_PREFIXES = ("x-forwarded-", "x-goog-", "x-envoy-", "x-serverless-", "ce-")
 
 
+def is_transport_header(name: str) -> bool:
+    """Whether a header named ``name`` is the transport's, so never an unwrapped attribute."""
+    folded = name.lower()
+    return folded in _TRANSPORT_HEADERS or folded.startswith(_TRANSPORT_PREFIXES)
+
+
 class Malformed(ValueError):
     """The request is not a Pub/Sub push delivery; :attr:`reason` says why in one line."""
 
@@ -98,10 +115,16 @@ class Malformed(ValueError):
         self.reason = reason
 
 
-def parse(headers: Mapping[str, str], body: bytes) -> PushMessage:
+def parse(
+    headers: Mapping[str, str], body: bytes, *, key_attribute: str | None = None
+) -> PushMessage:
     """The message of a push request; :class:`Malformed` if it is none.
 
     ``headers``: the request's headers, names in lowercase (as ASGI gives them).
+    ``key_attribute``: the attribute that holds the job's key
+    (``PUBSUB_WORKER_KEY_ATTRIBUTE``); in the unwrapped form, where attribute
+    names arrive lower-cased, the header matching it case-insensitively is
+    delivered under this exact spelling. The other shapes keep every name as sent.
     """
     content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if "ce-specversion" in headers:
@@ -115,7 +138,7 @@ def parse(headers: Mapping[str, str], body: bytes) -> PushMessage:
     if content_type == "application/cloudevents+json":
         return _structured(_json(body, "the CloudEvent"))
     if "x-goog-pubsub-message-id" in headers:
-        return _unwrapped(headers, body)
+        return _unwrapped(headers, body, key_attribute)
     if not body.strip():
         raise Malformed(
             "an empty body without an x-goog-pubsub-message-id header: not a push request (an "
@@ -155,16 +178,20 @@ def from_envelope(
         data_text = ""
     if not isinstance(data_text, str):
         raise Malformed(f'"message.data" is a JSON {_kind(data_text)}, not base64 text')
-    attributes = raw.get("attributes") or {}
+    attributes = raw.get("attributes")
+    if attributes is None:
+        attributes = {}
     if not isinstance(attributes, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
     ):
         raise Malformed('"message.attributes" is not an object of strings')
-    ordering_key = _field(raw, "orderingKey", "ordering_key") or ""
+    ordering_key = _field(raw, "orderingKey", "ordering_key")
+    if ordering_key is None:
+        ordering_key = ""
     if not isinstance(ordering_key, str):
         raise Malformed('"message.orderingKey" is not a string')
     publish = _field(raw, "publishTime", "publish_time")
-    attempt = envelope.get("deliveryAttempt", envelope.get("delivery_attempt"))
+    spelling = "delivery_attempt" if envelope.get("deliveryAttempt") is None else "deliveryAttempt"
     try:
         return PushMessage(
             message_id=message_id,
@@ -172,7 +199,7 @@ def from_envelope(
             attributes=attributes,
             publish_time=_timestamp(publish, '"message.publishTime"'),
             ordering_key=ordering_key,
-            delivery_attempt=_attempt(attempt),
+            delivery_attempt=_attempt(envelope.get(spelling), f'"{spelling}"'),
             subscription=_subscription(envelope.get("subscription"), '"subscription"'),
             shape=shape,
         )
@@ -204,13 +231,14 @@ def _structured(event: Any) -> PushMessage:
     return from_envelope(data, shape=Shape.CLOUDEVENT_STRUCTURED, fallback_id=fallback)
 
 
-def _unwrapped(headers: Mapping[str, str], body: bytes) -> PushMessage:
+def _unwrapped(headers: Mapping[str, str], body: bytes, key_attribute: str | None) -> PushMessage:
     message_id = _message_id(headers.get("x-goog-pubsub-message-id"), "x-goog-pubsub-message-id")
-    attributes = {
-        name: value
-        for name, value in headers.items()
-        if name not in _TRANSPORT_HEADERS and not name.startswith(_TRANSPORT_PREFIXES)
-    }
+    attributes = {name: value for name, value in headers.items() if not is_transport_header(name)}
+    if key_attribute is not None:
+        folded = key_attribute.lower()
+        found = next((name for name in attributes if name.lower() == folded), None)
+        if found is not None and found != key_attribute:
+            attributes[key_attribute] = attributes.pop(found)
     attempt = headers.get("x-goog-pubsub-delivery-attempt")
     return PushMessage(
         message_id=message_id,
@@ -276,21 +304,42 @@ def _timestamp(value: Any, what: str) -> Any:
     if not isinstance(value, str):
         raise Malformed(f"{what} is not an RFC 3339 time")
     try:
-        return timestamp(value.strip())
-    except ValueError:
+        stamp = timestamp(value.strip())
+        # As the stock Message reads it: a float of seconds to a datetime. The last
+        # nanoseconds of 9999 round up into the year 10000, which a datetime cannot hold.
+        datetime.datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, tz=datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):
         raise Malformed(f"{what} is not an RFC 3339 time: {value[:64]!r}") from None
+    return stamp
 
 
-def _attempt(value: Any, what: str = '"deliveryAttempt"') -> int | None:
+def _attempt(value: Any, what: str) -> int | None:
+    """Pub/Sub's count (int32) as a JSON integer or ASCII digits; 0 or none: no count."""
     if value is None or value == "":
         return None
-    try:
-        attempt = int(value)
-    except (TypeError, ValueError):
-        raise Malformed(f"{what} is not a whole number") from None
-    if isinstance(value, bool | float) or attempt < 0:
-        raise Malformed(f"{what} is not a whole number")
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip(" \t")):
+        attempt = int(value.strip(" \t"))
+    elif type(value) is int:  # not a bool, not a float (1e400 is inf, 3.0 is no count)
+        attempt = value
+    else:
+        attempt = -1
+    if not 0 <= attempt <= _MAX_ATTEMPT:
+        raise Malformed(
+            f"{what} is not a delivery count (a whole number from 0 to {_MAX_ATTEMPT}): "
+            f"{_shown(value)}"
+        )
     return attempt or None
+
+
+def _shown(value: Any) -> str:
+    """A short, one-line form of a JSON value for a reason."""
+    if isinstance(value, str):
+        return repr(value[:32])
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "an integer of more than 64 bits"
+    if isinstance(value, bool | int | float) or value is None:
+        return json.dumps(value)  # 1e400 shows as Infinity, as JavaScript would
+    return f"a JSON {_kind(value)}"
 
 
 def _subscription(value: Any, what: str) -> str | None:

@@ -19,6 +19,7 @@ import pytest
 
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
+from emulator.bootstrap import set_push
 from emulator.topology import PushSpec
 from pubsub_worker._ops.push_check import is_push, push_findings
 from pubsub_worker._support import clients
@@ -308,9 +309,11 @@ def test_config_findings_read_a_push_subscription_from_the_emulator(
     )
     settings = pubsub_worker.Settings(
         subscription=handle.subscription_path,
+        key_attribute="orderId",
         lease_seconds=30,
         push_verify_token=False,
         pubsub_emulator_host=emulators.pubsub_host,
+        firestore_emulator_host=emulators.firestore_host,
     )
     read = clients.read_subscription(subscriber, settings)
     assert is_push(read)
@@ -318,9 +321,15 @@ def test_config_findings_read_a_push_subscription_from_the_emulator(
     assert found == {
         "subscription": "ok",
         "payload": "problem",  # unwrapped without metadata: no message id would arrive
+        "key attribute": "problem",  # nor any attribute, so no key
         "exactly-once delivery": "ok",
         "ack deadline": "ok",
         "authentication": "ok",
         "retry policy": "hint",
         "dead-letter policy": "hint",
     }
+    spec = PushSpec("http://127.0.0.1:9/", no_wrapper=True, write_metadata=True)
+    set_push(subscriber, handle.subscription_path, spec)
+    read = clients.read_subscription(subscriber, settings)  # with write-metadata now
+    found = {f.name: f.level for f in push_findings(settings, read)}
+    assert (found["payload"], found["key attribute"]) == ("ok", "warning")  # arrives as orderid

@@ -44,17 +44,15 @@ class Endpoint:
             "key_attribute": "op",
             "lease_seconds": 10,
             "max_attempts": 3,
-            "push_verify_token": False,
             **settings,
         }
         self.check, self.certs = verifier(KEYS)
-        extra: dict[str, Any] = {"verifier": self.check} if verify else {}
         self.app: PushApp = create_app(
             handler,
             settings=pubsub_worker.Settings(**options),
             store=self.store,
             publisher=FakePublisher(),
-            **extra,
+            verifier=self.check if verify else None,
         )
 
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -212,10 +210,11 @@ def test_an_endpoint_that_cannot_start_answers_503_with_why() -> None:
     app = create_app(
         lambda message, job: None,
         settings=pubsub_worker.Settings(
-            subscription=SUB, push_verify_token=False, failure_topic="projects/p/topics/failures"
+            subscription=SUB, failure_topic="projects/p/topics/failures"
         ),
         store=FlakyStore(),
         publisher=FakePublisher(),
+        verifier=None,
     )
 
     async def go() -> tuple[httpx.Response, httpx.Response]:
@@ -227,6 +226,7 @@ def test_an_endpoint_that_cannot_start_answers_503_with_why() -> None:
     assert ready.status_code == 503
     assert pushed.status_code == 503
     assert "cannot start" in pushed.json()["why"]
+    assert "get_topic" in pushed.json()["why"]  # the failure topic's check, not the token's
     app.close()
 
 

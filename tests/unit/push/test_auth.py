@@ -8,6 +8,9 @@ import time
 from typing import Any
 
 import pytest
+from google.auth import crypt
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.push.auth import (
@@ -15,6 +18,7 @@ from pubsub_worker.push.auth import (
     CertificatesUnavailable,
     Refused,
     TokenVerifier,
+    certificates_problem,
     verifier_for,
 )
 from pubsub_worker.settings import Settings
@@ -125,15 +129,19 @@ def test_certificates_are_fetched_once_while_fresh() -> None:
     assert server.requests == 1
 
 
-def test_certificates_are_fetched_again_after_their_max_age() -> None:
-    now = [1000.0]
-    server = CertServer(KEYS.certs(), max_age_s=60)
-    check, _ = verifier(KEYS, server=server)
-    check = TokenVerifier(
+def on_clock(server: CertServer, now: list[float]) -> TokenVerifier:
+    """A verifier trusting what ``server`` answers, on the clock ``now[0]`` (seconds)."""
+    return TokenVerifier(
         audience=AUDIENCE,
         service_account=SERVICE_ACCOUNT,
         certificates=CachedCertificates(server, clock=lambda: now[0]),
     )
+
+
+def test_certificates_are_fetched_again_after_their_max_age() -> None:
+    now = [1000.0]
+    server = CertServer(KEYS.certs(), max_age_s=60)
+    check = on_clock(server, now)
     check.verify("Bearer " + KEYS.token())
     now[0] += 59
     check.verify("Bearer " + KEYS.token())
@@ -147,11 +155,7 @@ def test_a_rotated_key_is_picked_up_and_unknown_key_ids_fetch_at_most_once_a_min
     now = [1000.0]
     rotated = TestKeys(kid="test-key-2")
     server = CertServer(KEYS.certs())
-    check = TokenVerifier(
-        audience=AUDIENCE,
-        service_account=SERVICE_ACCOUNT,
-        certificates=CachedCertificates(server, clock=lambda: now[0]),
-    )
+    check = on_clock(server, now)
     check.verify("Bearer " + KEYS.token())
     server.certs = {**KEYS.certs(), **rotated.certs()}  # Google rotates
     found = refused(check, "Bearer " + rotated.token())  # within the minute: not fetched
@@ -175,9 +179,175 @@ def test_certificates_that_cannot_be_fetched_are_not_a_401() -> None:
     assert check.verify("Bearer " + KEYS.token())["email"] == SERVICE_ACCOUNT
 
 
-def test_verification_off_gives_no_verifier() -> None:
-    settings = Settings(subscription="projects/p/subscriptions/jobs", push_verify_token=False)
-    assert verifier_for(settings) is None
+_PEM = KEYS.cert_pem
+BAD_ANSWERS = {
+    "HTML": b"<html><body>Sign in to the network</body></html>",
+    "empty": b"",
+    "not UTF-8": b"\xff\xfe{}",
+    "a number": b"5",  # google-auth's own check ("keys" in 5) raised TypeError: a 500
+    "a string": json.dumps(_PEM).encode(),
+    "an array": json.dumps([_PEM]).encode(),
+    "an empty object": b"{}",
+    "a number for a key": json.dumps({KEYS.kid: 5}).encode(),
+    "text for a key": json.dumps({KEYS.kid: "not a certificate"}).encode(),
+    "a broken PEM": json.dumps(
+        {KEYS.kid: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}
+    ).encode(),
+    "a JWK set": json.dumps({"keys": [{"kid": KEYS.kid, "kty": "RSA"}]}).encode(),
+    "a good key beside a bad one": json.dumps({**KEYS.certs(), "other": "junk"}).encode(),
+}
+
+
+@pytest.mark.parametrize("answer", list(BAD_ANSWERS.values()), ids=list(BAD_ANSWERS))
+def test_a_200_that_is_not_certificates_is_unavailable_and_not_remembered(answer: bytes) -> None:
+    server = CertServer(KEYS.certs())
+    server.answer = answer
+    check, _ = verifier(KEYS, server=server)
+    for attempt in (1, 2):
+        with pytest.raises(CertificatesUnavailable) as caught:
+            check.verify("Bearer " + KEYS.token())
+        assert "no certificates" in str(caught.value)
+        assert server.requests == attempt  # asked again: the answer was not kept
+    assert certificates_problem(answer) is not None
+    server.answer = None  # the URL answers certificates again
+    assert check.verify("Bearer " + KEYS.token())["email"] == SERVICE_ACCOUNT
+    check.verify("Bearer " + KEYS.token())
+    assert server.requests == 3  # and those are kept
+
+
+def test_googles_answer_is_certificates() -> None:
+    both = {**KEYS.certs(), **TestKeys(kid="test-key-2").certs()}
+    assert certificates_problem(json.dumps(both).encode()) is None
+
+
+def test_a_failed_refresh_for_an_unknown_key_keeps_the_certificates_in_hand() -> None:
+    now = [1000.0]
+    server = CertServer(KEYS.certs())
+    check = on_clock(server, now)
+    check.verify("Bearer " + KEYS.token())
+    now[0] += 61
+    server.answer = b"<html>proxy error</html>"
+    found = refused(check, "Bearer " + KEYS.token(kid="rotated"))  # refreshes, and fails
+    assert (found.status, server.requests) == (401, 2)
+    assert check.verify("Bearer " + KEYS.token())["email"] == SERVICE_ACCOUNT  # still judged
+    server.down = True  # a 503 on refresh: the same
+    now[0] += 61
+    refused(check, "Bearer " + KEYS.token(kid="rotated"))
+    assert check.verify("Bearer " + KEYS.token())["email"] == SERVICE_ACCOUNT
+    assert server.requests == 3
+    now[0] += 3600  # past max-age, with nothing valid to fetch: unavailable, not 401
+    with pytest.raises(CertificatesUnavailable):
+        check.verify("Bearer " + KEYS.token())
+
+
+_SIGNER = crypt.RSASigner.from_string(KEYS.private_pem)  # type: ignore[no-untyped-call]
+
+
+def _signed(header: dict[str, Any], claims: dict[str, Any]) -> str:
+    """A token signed with the trusted key, whatever its header and claims."""
+
+    def part(value: Any) -> bytes:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=")
+
+    signed = part(header) + b"." + part(claims)
+    signature = base64.urlsafe_b64encode(_SIGNER.sign(signed)).rstrip(b"=")
+    return (signed + b"." + signature).decode()
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"iss": None},  # no issuer: google-auth's idinfo["iss"] raised KeyError
+        {"iat": "yesterday"},  # arithmetic on text: TypeError
+        {"exp": [1]},
+    ],
+    ids=["no issuer", "text iat", "array exp"],
+)
+def test_a_signed_token_with_a_broken_claim_is_401_not_a_crash(claims: dict[str, Any]) -> None:
+    check, _ = verifier(KEYS)
+    found = refused(check, "Bearer " + KEYS.token(**claims))  # None removes the claim
+    assert found.status == 401
+    assert found.reason.startswith("invalid token: ")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=8,
+)
+
+
+_JUDGE, _ = verifier(KEYS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    header=st.fixed_dictionaries(
+        {}, optional={"alg": st.sampled_from(["RS256", "ES256", "none"]) | _JSON, "kid": _JSON}
+    ),
+    claims=st.dictionaries(
+        st.sampled_from(["aud", "iss", "iat", "exp", "email", "email_verified", "azp"]),
+        _JSON,
+    ),
+    mangle=st.sampled_from(["none", "signature", "text"]),
+    text=st.text(max_size=40),
+)
+def test_any_token_is_judged_401_403_or_accepted_never_a_crash(
+    header: dict[str, Any], claims: dict[str, Any], mangle: str, text: str
+) -> None:
+    token = _signed({"alg": "RS256", "kid": KEYS.kid, **header}, claims)
+    if mangle == "signature":
+        token = token.rsplit(".", 1)[0] + "." + text
+    elif mangle == "text":
+        token = text
+    try:
+        _JUDGE.verify("Bearer " + token)
+    except Refused as exc:
+        status = exc.status
+        assert status in (401, 403)
+
+
+def _off(**values: Any) -> Settings:
+    """Verification off; no emulator unless ``values`` name one, whatever the environment."""
+    base: dict[str, Any] = {
+        "subscription": "projects/p/subscriptions/jobs",
+        "push_verify_token": False,
+        "pubsub_emulator_host": None,
+        "firestore_emulator_host": None,
+    }
+    return Settings(**{**base, **values})
+
+
+def test_verification_off_is_accepted_only_against_both_emulators(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = {
+        "none": {},
+        "pubsub only": {"pubsub_emulator_host": "127.0.0.1:8085"},
+        "firestore only": {"firestore_emulator_host": "127.0.0.1:8086"},
+        "empty placeholders": {"pubsub_emulator_host": "", "firestore_emulator_host": ""},
+    }
+    for name, emulators in refused.items():
+        with pytest.raises(ConfigError) as caught:
+            verifier_for(_off(**emulators))
+        message = str(caught.value)
+        assert "PUBSUB_WORKER_PUSH_VERIFY_TOKEN=false" in message, name
+        assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in message, name
+        assert "PUBSUB_EMULATOR_HOST and FIRESTORE_EMULATOR_HOST" in message, name
+    # A placeholder that is no HOST:PORT ("x") is refused by the settings themselves.
+    emulated = _off(pubsub_emulator_host="127.0.0.1:8085", firestore_emulator_host="firestore:8086")
+    assert verifier_for(emulated) is None
+    assert "accepted without a token (the emulators send none)" in caplog.text
+
+
+def test_verification_off_with_allow_unverified_gives_no_verifier_anywhere(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert verifier_for(_off(push_allow_unverified=True)) is None
+    assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in caplog.text
+    monkeypatch.setenv("PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED", "true")  # a known variable
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "projects/p/subscriptions/jobs")
+    assert Settings.from_env().push_allow_unverified is True
 
 
 def test_verification_on_needs_audience_and_service_account() -> None:
@@ -203,6 +373,7 @@ def test_verification_on_needs_audience_and_service_account() -> None:
         ("push_audience", "", "PUBSUB_WORKER_PUSH_AUDIENCE"),
         ("push_service_account", "not-an-email", "PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT"),
         ("push_verify_token", "maybe", "PUBSUB_WORKER_PUSH_VERIFY_TOKEN"),
+        ("push_allow_unverified", "maybe", "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED"),
     ],
 )
 def test_bad_push_settings_name_their_variable(field: str, value: str, variable: str) -> None:

@@ -31,6 +31,19 @@ def test_a_bad_push_setting_names_its_variable() -> None:
     assert "PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT='nobody'" in done.stderr
 
 
+def test_verification_off_off_the_emulators_is_one_line_and_exit_2() -> None:
+    env = {
+        **{k: v for k, v in BASE.items() if not k.endswith("_EMULATOR_HOST")},
+        "PUBSUB_WORKER_PUSH_VERIFY_TOKEN": "false",
+    }
+    done = run_cli(env, "push", "samples.cloud_run.handler:handle", "--port", "0")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("pubsub-worker: PUBSUB_WORKER_PUSH_VERIFY_TOKEN=false is accepted only")
+    assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in last
+    assert "Traceback" not in done.stderr
+
+
 def test_an_unknown_handler_is_one_line_and_exit_2() -> None:
     env = {**BASE, "PUBSUB_WORKER_PUSH_VERIFY_TOKEN": "false"}
     done = run_cli(env, "push", "nowhere.module:handle")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import math
 from typing import Any
 
 import pytest
@@ -184,8 +185,8 @@ MALFORMED: list[tuple[str, dict[str, str], bytes, str]] = [
         body({**wrapped(), "subscription": "orders"}),
         "not projects/PROJECT/subscriptions/ID",
     ),
-    ("bad attempt", {}, body({**wrapped(), "deliveryAttempt": "x"}), "not a whole number"),
-    ("negative attempt", {}, body({**wrapped(), "deliveryAttempt": -1}), "not a whole number"),
+    ("bad attempt", {}, body({**wrapped(), "deliveryAttempt": "x"}), "not a delivery count"),
+    ("negative attempt", {}, body({**wrapped(), "deliveryAttempt": -1}), "not a delivery count"),
     (
         "another CloudEvent type",
         {"ce-specversion": "1.0", "ce-type": "google.cloud.storage.object.v1.finalized"},
@@ -235,63 +236,263 @@ def test_a_malformed_request_is_refused_with_its_reason(
     assert "\n" not in caught.value.reason
 
 
-_HEADER_NAMES = st.sampled_from(
-    [
-        "content-type",
-        "ce-specversion",
-        "ce-type",
-        "ce-id",
-        "x-goog-pubsub-message-id",
-        "x-goog-pubsub-publish-time",
-        "x-goog-pubsub-subscription-name",
-        "x-goog-pubsub-delivery-attempt",
-        "op",
+# -- numbers: deliveryAttempt in every shape -------------------------------------------
+
+_ATTEMPT_TEXT = {  # the JSON text of a deliveryAttempt, as a sender might write it
+    "huge float": "1e400",
+    "huge negative float": "-1e400",
+    "finite huge float": "1e300",
+    "Infinity": "Infinity",
+    "-Infinity": "-Infinity",
+    "NaN": "NaN",
+    "float": "3.0",
+    "fraction": "2.5",
+    "negative": "-1",
+    "true": "true",
+    "false": "false",
+    "over int32": "2147483648",
+    "huge int": "1" + "0" * 400,
+    "text": '"x"',
+    "text float": '"3.0"',
+    "text exponent": '"1e3"',
+    "text negative": '"-2"',
+    "text Arabic-Indic digit": '"\\u0663"',
+    "text with underscore": '"1_0"',
+    "text over int32": '"99999999999999999999"',
+    "an array": "[3]",
+    "an object": '{"n": 3}',
+}
+
+
+def _with_attempt(text: str, name: str = "deliveryAttempt") -> bytes:
+    """A valid wrapped envelope with ``"name": <text>`` written as raw JSON text."""
+    return body(wrapped())[:-1] + f', "{name}": {text}}}'.encode()
+
+
+def _shapes(raw_envelope: bytes) -> list[tuple[dict[str, str], bytes]]:
+    """The envelope in each shape that carries one: wrapped, CloudEvent binary, structured."""
+    event = b'{"specversion": "1.0", "type": "%s", "id": "1001", "data": %s}' % (
+        MESSAGE_PUBLISHED.encode(),
+        raw_envelope,
+    )
+    return [
+        ({"content-type": "application/json"}, raw_envelope),
+        ({"ce-specversion": "1.0", "ce-type": MESSAGE_PUBLISHED, "ce-id": "1001"}, raw_envelope),
+        ({"content-type": "application/cloudevents+json"}, event),
     ]
+
+
+@pytest.mark.parametrize("spelling", ["deliveryAttempt", "delivery_attempt"])
+@pytest.mark.parametrize("text", list(_ATTEMPT_TEXT.values()), ids=list(_ATTEMPT_TEXT))
+def test_a_delivery_attempt_that_is_no_count_is_malformed_in_every_shape(
+    text: str, spelling: str
+) -> None:
+    for headers, raw in _shapes(_with_attempt(text, spelling)):
+        with pytest.raises(Malformed) as caught:
+            parse(headers, raw)
+        assert "not a delivery count" in caught.value.reason, (headers, caught.value.reason)
+        assert f'"{spelling}"' in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1e400",
+        "inf",
+        "-inf",
+        "nan",
+        "Infinity",
+        "-1",
+        "3.0",
+        "true",
+        "x",
+        "2147483648",
+        "99999999999999999999",
+        "\u0663",
+        "1_0",
+        "+3",
+        "0x10",
+        "9" * 5000,
+    ],
 )
+def test_a_delivery_attempt_header_that_is_no_count_is_malformed(value: str) -> None:
+    headers = {"x-goog-pubsub-message-id": "1001", "x-goog-pubsub-delivery-attempt": value}
+    with pytest.raises(Malformed) as caught:
+        parse(headers, b"data")
+    assert "x-goog-pubsub-delivery-attempt is not a delivery count" in caught.value.reason
+
+
+def test_a_delivery_attempt_is_a_count_up_to_int32_and_no_further() -> None:
+    accepted = {"3": 3, '"3"': 3, "0": None, "null": None, '""': None, "2147483647": 2**31 - 1}
+    for text, expected in accepted.items():
+        for headers, raw in _shapes(_with_attempt(text)):
+            assert parse(headers, raw).delivery_attempt == expected, (text, headers)
+    for headers, raw in _shapes(_with_attempt("2147483648")):
+        with pytest.raises(Malformed):
+            parse(headers, raw)
+    unwrapped = {"x-goog-pubsub-message-id": "1001", "x-goog-pubsub-delivery-attempt": "7"}
+    assert parse(unwrapped, b"data").delivery_attempt == 7
+    unwrapped["x-goog-pubsub-delivery-attempt"] = "2147483648"
+    with pytest.raises(Malformed):
+        parse(unwrapped, b"data")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("attributes", False),
+        ("attributes", []),
+        ("attributes", ""),
+        ("orderingKey", False),
+        ("orderingKey", 0),
+        ("orderingKey", []),
+    ],
+)
+def test_a_field_of_the_wrong_kind_is_malformed_even_when_empty(field: str, value: Any) -> None:
+    with pytest.raises(Malformed):
+        parse({}, body(wrapped(**{field: value})))
+
+
+def test_a_publish_time_past_the_last_representable_instant_is_malformed() -> None:
+    # A valid RFC 3339 time that rounds up into the year 10000 as a datetime.
+    with pytest.raises(Malformed) as caught:
+        parse({}, body(wrapped(publishTime="9999-12-31T23:59:59.999999999Z")))
+    assert "not an RFC 3339 time" in caught.value.reason
+
+
+# -- the key attribute in the unwrapped form -----------------------------------------------
+
+
+def _unwrapped_headers(**attributes: str) -> dict[str, str]:
+    # As the HTTP stack hands them over: every name lower-cased.
+    return {"x-goog-pubsub-message-id": "1001", **{k.lower(): v for k, v in attributes.items()}}
+
+
+def test_the_key_attribute_arrives_under_its_own_spelling_in_the_unwrapped_form() -> None:
+    headers = _unwrapped_headers(orderId="o-1", tenantName="acme")
+    message = parse(headers, b"data", key_attribute="orderId")
+    assert dict(message.attributes) == {"orderId": "o-1", "tenantname": "acme"}
+    without = parse(headers, b"data")  # no key attribute configured: every name lower-cased
+    assert dict(without.attributes) == {"orderid": "o-1", "tenantname": "acme"}
+
+
+def test_a_lowercase_key_attribute_and_the_wrapped_form_are_unchanged() -> None:
+    headers = _unwrapped_headers(order_id="o-1")
+    assert dict(parse(headers, b"d", key_attribute="order_id").attributes) == {"order_id": "o-1"}
+    # Wrapped, names keep their spelling: no case folding, the key attribute is matched exactly.
+    message = parse({}, body(wrapped(attributes={"orderid": "o-1"})), key_attribute="orderId")
+    assert dict(message.attributes) == {"orderid": "o-1"}
+
+
+# -- anything else: a message or Malformed, never another exception ---------------------------
+
+# ASGI servers decode header values as latin-1: any of its 256 characters may arrive.
+_HEADER_TEXT = st.text(st.characters(max_codepoint=255), max_size=30)
+_HEADER_NAMES = st.text(
+    st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12
+).map(str.lower)
+_EDGES = st.sampled_from(
+    [math.inf, -math.inf, math.nan, 1e300, 3.0, -1, 2**31, 10**400, 0, 2**31 - 1]
+)
+_NUMBERS = st.one_of(st.integers(), st.floats(), _EDGES)  # inf and nan included
 _JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none() | st.booleans() | _NUMBERS | st.text(max_size=12),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
     ),
     max_leaves=12,
 )
+_TEXT = st.text(st.characters(blacklist_categories=()), max_size=8)  # surrogates included
+_TIMES = st.sampled_from(
+    [PUBLISHED, "9999-12-31T23:59:59.9999999Z", "0001-01-01T00:00:00Z", "2026-02-30T00:00:00Z"]
+)
+_ATTEMPTS = st.one_of(_NUMBERS, st.text(st.sampled_from("0123456789e.-+_ "), max_size=6))
 
 
-def _near_envelopes() -> st.SearchStrategy[bytes]:
-    text = st.text(alphabet=st.characters(blacklist_categories=()), max_size=8)
-    message = st.fixed_dictionaries(
-        {},
-        optional={
-            "data": st.one_of(text, st.just("aGk="), _JSONISH),
-            "attributes": st.one_of(st.dictionaries(text, text, max_size=3), _JSONISH),
-            "messageId": st.one_of(text, _JSONISH),
-            "publishTime": st.one_of(st.text(), st.just(PUBLISHED), _JSONISH),
-            "orderingKey": _JSONISH,
-        },
-    )
-    envelope = st.fixed_dictionaries(
-        {"message": message | _JSONISH},
-        optional={"subscription": st.one_of(st.just(SUB), _JSONISH), "deliveryAttempt": _JSONISH},
-    )
-    return st.one_of(envelope.map(body), _JSONISH.map(body), st.binary(max_size=64))
+_ANY = st.one_of(_JSONISH, _NUMBERS, _TEXT, _TIMES, _ATTEMPTS)
+_VALID_MESSAGE = {
+    "data": "aGk=",
+    "attributes": {"op": "k"},
+    "messageId": "1001",
+    "message_id": "1001",
+    "publishTime": PUBLISHED,
+    "orderingKey": "customer-7",
+}
+_VALID_HEADERS = {
+    "x-goog-pubsub-message-id": "1001",
+    "x-goog-pubsub-publish-time": PUBLISHED,
+    "x-goog-pubsub-subscription-name": SUB,
+    "x-goog-pubsub-ordering-key": "customer-7",
+    "x-goog-pubsub-delivery-attempt": "3",
+}
+
+
+def _corrupted(draw: st.DrawFn, valid: dict[str, Any], nasty: st.SearchStrategy[Any]) -> Any:
+    """``valid`` with up to two fields removed or replaced by ``nasty`` values."""
+    fields = dict(valid)
+    for name in draw(st.sets(st.sampled_from(sorted(fields)), max_size=2)):
+        if draw(st.booleans()):
+            fields[name] = draw(nasty)
+        else:
+            del fields[name]
+    return fields
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> tuple[dict[str, str], bytes]:
+    """A valid request of one shape with a field or two broken, or anything at all."""
+    message = _corrupted(draw, _VALID_MESSAGE, _ANY)
+    envelope = {"message": message, **_corrupted(draw, {"subscription": SUB}, _ANY)}
+    spelling = draw(st.sampled_from(["deliveryAttempt", "delivery_attempt", None]))
+    if spelling is not None:
+        envelope[spelling] = draw(st.one_of(_EDGES, _ATTEMPTS, _ANY))
+    if draw(st.sampled_from([False] * 9 + [True])):
+        envelope["message"] = draw(_ANY)
+    extra = draw(st.dictionaries(_HEADER_NAMES, _HEADER_TEXT, max_size=3))
+    shape = draw(st.sampled_from(["wrapped", "binary", "structured", "unwrapped", "anything"]))
+    if shape == "wrapped":
+        return {**extra, "content-type": "application/json"}, body(envelope)
+    if shape == "binary":
+        ce = {"ce-specversion": "1.0", "ce-type": MESSAGE_PUBLISHED, "ce-id": "1001"}
+        return {**extra, **_corrupted(draw, ce, _HEADER_TEXT)}, body(envelope)
+    if shape == "structured":
+        event = _corrupted(draw, {"specversion": "1.0", "type": MESSAGE_PUBLISHED}, _ANY)
+        form = draw(st.sampled_from(["data", "text", "base64", "anything"]))
+        if form == "data":
+            event["data"] = envelope
+        elif form == "text":
+            event["data"] = json.dumps(envelope)
+        elif form == "base64":
+            event["data_base64"] = base64.b64encode(body(envelope)).decode()
+        else:
+            event[draw(st.sampled_from(["data", "data_base64"]))] = draw(_ANY)
+        return {**extra, "content-type": "application/cloudevents+json"}, body(event)
+    if shape == "unwrapped":
+        nasty = _HEADER_TEXT | _ATTEMPTS.map(str) | _TIMES
+        headers = {**extra, **_corrupted(draw, _VALID_HEADERS, nasty)}
+        headers.setdefault("x-goog-pubsub-message-id", draw(_HEADER_TEXT))
+        return headers, draw(st.binary(max_size=32))
+    return extra, draw(st.one_of(_JSONISH.map(body), st.binary(max_size=64)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    headers=st.dictionaries(
-        _HEADER_NAMES, st.one_of(st.text(max_size=30), st.just(MESSAGE_PUBLISHED))
-    ),
-    raw=_near_envelopes(),
+    request=_requests(),
+    key_attribute=st.one_of(st.none(), st.just("orderId"), st.text(min_size=1, max_size=8)),
 )
 def test_any_request_is_a_message_or_malformed_never_a_crash(
-    headers: dict[str, str], raw: bytes
+    request: tuple[dict[str, str], bytes], key_attribute: str | None
 ) -> None:
+    headers, raw = request
     try:
-        message = parse(headers, raw)
+        message = parse(headers, raw, key_attribute=key_attribute)
     except Malformed as exc:
         reason = exc.reason
         assert reason
+        assert "\n" not in reason
         return
     assert isinstance(message, PushMessage)
     assert message.message_id
     assert isinstance(message.data, bytes)
+    assert message.publish_time.tzinfo is not None
+    assert message.delivery_attempt is None or 1 <= message.delivery_attempt < 2**31

@@ -92,25 +92,88 @@ def test_no_token_while_verifying_is_a_problem_with_the_fix() -> None:
     assert "--push-auth-service-account" in found.detail
 
 
+EMULATORS = {"pubsub_emulator_host": "127.0.0.1:8085", "firestore_emulator_host": "127.0.0.1:8086"}
+
+
 def test_no_token_on_the_emulator_says_to_turn_verification_off() -> None:
-    emulator = settings(pubsub_emulator_host="127.0.0.1:8085")
+    emulator = settings(**EMULATORS)
     found = by_name(push_findings(emulator, subscription()))["authentication"]
     assert found.level == "problem"
     assert "PUBSUB_WORKER_PUSH_VERIFY_TOKEN=false" in found.detail
-    off = settings(pubsub_emulator_host="127.0.0.1:8085", push_verify_token=False)
+    off = settings(**EMULATORS, push_verify_token=False)
     assert by_name(push_findings(off, subscription()))["authentication"].level == "ok"
 
 
-def test_no_token_and_no_check_off_the_emulator_is_a_warning() -> None:
-    found = by_name(push_findings(settings(push_verify_token=False), subscription()))
+@pytest.mark.parametrize(
+    "where",
+    [{}, {"pubsub_emulator_host": "127.0.0.1:8085"}],
+    ids=["Google", "the Pub/Sub emulator alone"],
+)
+@pytest.mark.parametrize("token", [False, True], ids=["no token sent", "a token sent"])
+def test_verification_off_off_the_emulators_is_a_problem_the_endpoint_does_not_start(
+    where: dict[str, str], token: bool
+) -> None:
+    sub = subscription(oidc_token={"service_account_email": ACCOUNT}) if token else subscription()
+    found = by_name(push_findings(settings(push_verify_token=False, **where), sub))
+    assert found["authentication"].level == "problem"
+    assert "the endpoint does not start" in found["authentication"].detail
+    assert "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true" in found["authentication"].detail
+
+
+def test_no_token_and_no_check_behind_another_authentication_is_a_warning() -> None:
+    allowed = settings(push_verify_token=False, push_allow_unverified=True)
+    found = by_name(push_findings(allowed, subscription()))
     assert found["authentication"].level == "warning"
+    assert "anyone who can reach the endpoint" in found["authentication"].detail
 
 
-def test_a_token_not_checked_is_a_warning() -> None:
+def test_a_token_not_checked_behind_another_authentication_is_a_warning() -> None:
     sub = subscription(oidc_token={"service_account_email": ACCOUNT})
-    found = by_name(push_findings(settings(push_verify_token=False), sub))["authentication"]
+    allowed = settings(push_verify_token=False, push_allow_unverified=True)
+    found = by_name(push_findings(allowed, sub))["authentication"]
     assert found.level == "warning"
     assert f"PUBSUB_WORKER_PUSH_SERVICE_ACCOUNT={ACCOUNT}" in found.detail
+
+
+UNWRAPPED = {"no_wrapper": {"write_metadata": True}}
+UNWRAPPED_BARE = {"no_wrapper": {"write_metadata": False}}
+
+
+def key_finding(key_attribute: str | None, **push: Any) -> Finding:
+    return by_name(push_findings(settings(key_attribute=key_attribute), subscription(**push)))[
+        "key attribute"
+    ]
+
+
+def test_a_key_attribute_unwrapped_without_metadata_never_arrives_a_problem() -> None:
+    found = key_finding("orderId", **UNWRAPPED_BARE)
+    assert found.level == "problem"
+    assert "no attribute reaches the endpoint" in found.detail
+    assert "--push-no-wrapper-write-metadata" in found.detail
+    assert "PUBSUB_WORKER_KEY_ATTRIBUTE=orderId" in found.detail
+
+
+def test_an_upper_case_key_attribute_unwrapped_is_a_warning_that_says_how_it_arrives() -> None:
+    found = key_finding("orderId", **UNWRAPPED)
+    assert found.level == "warning"
+    assert "arrives unwrapped as the header orderid" in found.detail
+    assert "matched case-insensitively" in found.detail
+
+
+@pytest.mark.parametrize("name", ["Content-Type", "traceparent", "X-Forwarded-For", "ce-id"])
+def test_a_key_attribute_named_like_a_transport_header_unwrapped_is_a_problem(name: str) -> None:
+    found = key_finding(name, **UNWRAPPED)
+    assert found.level == "problem"
+    assert "belongs to the HTTP transport" in found.detail
+
+
+def test_a_key_attribute_that_arrives_as_set_is_ok() -> None:
+    assert key_finding("order_id", **UNWRAPPED).level == "ok"  # lowercase: the same header
+    assert key_finding("orderId").level == "ok"  # wrapped: names as published
+    assert (
+        key_finding("orderId").detail == "orderId, read from the envelope's attributes as published"
+    )
+    assert key_finding(None, **UNWRAPPED_BARE).level == "ok"  # the message id is the key
 
 
 def test_unwrapped_without_metadata_is_a_problem() -> None:

@@ -28,13 +28,18 @@ SERVICE_ACCOUNT = "push-invoker@orders-demo.iam.gserviceaccount.com"
 
 
 class CertServer(google.auth.transport.Request):
-    """Answers Google's certificate URL with the certificates given; counts requests."""
+    """Answers Google's certificate URL with the certificates given; counts requests.
+
+    ``down``: answer 503 instead; ``answer``: a 200 with this body instead (what a
+    proxy or a captive portal might send).
+    """
 
     def __init__(self, certs: dict[str, str], max_age_s: int = 3600) -> None:
         self.certs = certs
         self.max_age_s = max_age_s
         self.requests = 0
         self.down = False
+        self.answer: bytes | None = None
 
     def __call__(
         self,
@@ -50,6 +55,8 @@ class CertServer(google.auth.transport.Request):
             return Response(503, {}, b"unavailable")
         assert url == GOOGLE_CERTS_URL, url
         control = {"Cache-Control": f"public, max-age={self.max_age_s}, must-revalidate"}
+        if self.answer is not None:
+            return Response(200, control, self.answer)
         return Response(200, control, json.dumps(self.certs).encode())
 
 
