@@ -1,7 +1,7 @@
 """Counters and gauges of a worker, kept in process and exported through OpenTelemetry.
 
 The in-process :class:`Metrics` is always there (``wrapper.metrics.snapshot()``);
-when ``opentelemetry-api`` is installed (``pip install 'pubsub-worker[otel]'``)
+when ``opentelemetry-api`` is installed (``pip install 'pubsub-exactly-once[otel]'``)
 every counter is also an OpenTelemetry counter named ``pubsub_worker.<name>``
 and the gauges are observable gauges, reported to whatever SDK the
 application configured (without an SDK they cost nothing).

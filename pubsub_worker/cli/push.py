@@ -27,6 +27,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from pubsub_worker._support.distribution import install_line
 from pubsub_worker._worker.serve import Health, MetricsServer
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.push import PushApp, create_app
@@ -58,7 +59,7 @@ def cmd_push(args: argparse.Namespace, settings: Settings) -> int:
     try:
         import uvicorn  # noqa: PLC0415 - the push extra
     except ImportError as exc:
-        raise ConfigError(f"push needs uvicorn: pip install 'pubsub-worker[push]' ({exc})") from exc
+        raise ConfigError(f"push needs uvicorn: {install_line('push')} ({exc})") from exc
     if platform_overrides(os.environ):
         _LOGGER.info(
             "on Cloud Run (%s is set): shutdown grace %.0f s, to fit its 10 s SIGTERM window",
