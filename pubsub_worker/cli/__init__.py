@@ -9,6 +9,7 @@
     pubsub-worker config                          the effective settings, checked live
     pubsub-worker jobs show KEY                   one job: status, owner, lease, steps, outbox
     pubsub-worker jobs list [--status S] [--older-than 10m] [--limit N] [--after CURSOR]
+    pubsub-worker jobs stats                      jobs per status, oldest running, pending reviews
     pubsub-worker jobs release KEY [--epoch N]    drop a stuck owner's claim (fenced)
     pubsub-worker jobs replay KEY... | --all-failed [--dry-run] [--topic T]
     pubsub-worker jobs backfill-shards            once, after upgrading: shards for old documents

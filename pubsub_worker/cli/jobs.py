@@ -1,8 +1,9 @@
-"""``pubsub-worker jobs``: show, list, release and replay the jobs of a subscription.
+"""``pubsub-worker jobs``: show, list, release, replay and count the jobs of a subscription.
 
 ``jobs show``, ``jobs list``, ``jobs release`` and ``jobs backfill-shards``
 go through :mod:`pubsub_worker._ops.jobs` and are here; ``jobs replay`` is
-:mod:`pubsub_worker.cli.replay`. Each takes ``--subscription``, ``--project``
+:mod:`pubsub_worker.cli.replay` and ``jobs stats``
+:mod:`pubsub_worker.cli.stats`. Each takes ``--subscription``, ``--project``
 and ``--output json`` (:func:`~pubsub_worker.cli.environment.add_operator_options`).
 A key that no job has is one line and exit 4.
 """
@@ -19,7 +20,7 @@ from pubsub_worker._support.logs import printable
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.stores.base import Status
 
-from . import environment, replay
+from . import environment, replay, stats
 from .environment import add_operator_options
 from .exit_codes import ExitCode
 from .output import STATUS_STYLES, Column, Output
@@ -49,7 +50,7 @@ _LIST_COLUMNS = tuple(
 
 def register(commands: Any) -> None:
     """Add ``jobs`` and its subcommands to the command's subparsers."""
-    jobs = commands.add_parser("jobs", help="inspect, release and replay jobs")
+    jobs = commands.add_parser("jobs", help="inspect, count, release and replay jobs")
     sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
 
     show = sub.add_parser("show", help="one job: status, owner, lease, steps, outbox")
@@ -69,6 +70,8 @@ def register(commands: Any) -> None:
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
     add_operator_options(listing)
     listing.set_defaults(func=cmd_list)
+
+    stats.register(sub)
 
     release = sub.add_parser("release", help="drop a stuck owner's claim (new epoch)")
     release.add_argument("key")

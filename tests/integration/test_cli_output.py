@@ -1,10 +1,10 @@
 """The ``pubsub-worker`` command as an operator and a script meet it, against the real emulators.
 
 Every test runs the real command in a child process and checks its exit code
-and output: ``--subscription``/``--project``, ``--output json``, unknown keys,
-a rich table and progress bar on a terminal (a pseudo-terminal) and plain text
-when piped, a pipe closed early, and each metric's help text on ``/metrics``.
-Job documents are written as workers leave them
+and output: ``--subscription``/``--project``, ``--output json``, ``jobs stats``,
+unknown keys, a rich table and progress bar on a terminal (a pseudo-terminal)
+and plain text when piped, a pipe closed early, and each metric's help text on
+``/metrics``. Job documents are written as workers leave them
 (:func:`tests.support.job_documents.put_job`).
 """
 
@@ -23,7 +23,7 @@ import sys
 import termios
 import time
 import urllib.error
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker import Counter
 from pubsub_worker.stores import FirestoreJobStore
-from pubsub_worker.stores.base import JobRecord, Status
+from pubsub_worker.stores.base import JobRecord, Review, Status
 from tests.integration.test_serve import HOST, free_port, get, wait_for
 from tests.support.job_documents import job_document, put_job
 from tests.support.processes import ROOT, run_cli
@@ -145,6 +145,49 @@ def test_subscription_and_project_flags_look_at_another_subscription(
     assert rows["subscription path"]["value"] == other.subscription_path
 
 
+def test_jobs_stats_counts_by_status_names_the_oldest_running_job_and_pending_reviews(
+    cli_env: dict[str, str], eod_subscription: SubscriptionHandle, store: FirestoreJobStore
+) -> None:
+    sub = eod_subscription.subscription_path
+    now = datetime.now(timezone.utc)
+    put_job(store, sub, "stuck", Status.RUNNING, updated_at=now - timedelta(minutes=20))
+    put_job(store, sub, "busy", Status.RUNNING, updated_at=now - timedelta(seconds=3))
+    for i in range(3):
+        put_job(store, sub, f"done-{i}", Status.COMPLETED)
+    put_job(store, sub, "bad", Status.FAILED, review=Review.PENDING.value)
+    put_job(store, sub, "worse", Status.FAILED, review=Review.SENT.value)
+
+    done = run_cli(cli_env, "jobs", "stats")
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:6] == [
+        "STATUS     JOBS",
+        "running       2",
+        "released      0",
+        "completed     3",
+        "failed        2",
+        "total         7",
+    ]
+    assert re.fullmatch(
+        # The lease is judged on Firestore's clock: the document was just written.
+        r"oldest running: stuck, last written 1[23]\d\d s ago \(lease 5\d\d s left; "
+        r"owner host/4242/cafe\)",
+        lines[6],
+    ), lines[6]
+    assert lines[7] == (
+        "pending reviews: 1 (failure message not published yet), of the 2 failed job(s)"
+    )
+    assert ESCAPE not in done.stdout
+
+    as_json = run_cli(cli_env, "jobs", "stats", "--output", "json")
+    document = json.loads(as_json.stdout)
+    assert document["counts"] == {"running": 2, "released": 0, "completed": 3, "failed": 2}
+    assert (document["total"], document["reviews_pending"], document["reviews_read"]) == (7, 1, 2)
+    assert document["oldest_running"]["key"] == "stuck"
+    assert document["subscription"] == sub
+
+
 def test_output_json_is_one_document_for_every_operator_command(
     cli_env: dict[str, str], eod_subscription: SubscriptionHandle, store: FirestoreJobStore
 ) -> None:
@@ -156,6 +199,7 @@ def test_output_json_is_one_document_for_every_operator_command(
     for argv in (
         ("jobs", "show", "k1"),
         ("jobs", "list"),
+        ("jobs", "stats"),
         ("jobs", "replay", "k1", "--dry-run"),
         ("jobs", "release", "k2", "--epoch", "1"),
         ("jobs", "backfill-shards"),
