@@ -38,7 +38,7 @@ from pubsub_worker.settings import cloud_run, platform_overrides
 
 from .environment import worker_settings
 from .output import Output
-from .run import check_port, load_handler, port_number
+from .run import add_metrics_options, check_port, load_handler, port_number
 
 __all__ = ["DEFAULT_PORT", "cmd_push", "default_port", "register"]
 
@@ -65,15 +65,7 @@ def register(commands: Any) -> None:
         metavar="N",
         help="port to serve on (default $PORT, else 8080)",
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=port_number,
-        metavar="N",
-        help="serve /metrics (Prometheus), /livez and /readyz on this port too",
-    )
-    parser.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
-    )
+    add_metrics_options(parser)
     parser.set_defaults(func=cmd_push)
 
 

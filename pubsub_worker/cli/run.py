@@ -37,7 +37,14 @@ from pubsub_worker.settings import Settings, cloud_run, platform_overrides
 from .environment import worker_settings
 from .output import Output
 
-__all__ = ["check_port", "cmd_run", "load_handler", "port_number", "register"]
+__all__ = [
+    "add_metrics_options",
+    "check_port",
+    "cmd_run",
+    "load_handler",
+    "port_number",
+    "register",
+]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -49,15 +56,7 @@ def register(commands: Any) -> None:
     """Add ``run`` to the command's subparsers."""
     parser = commands.add_parser("run", help="consume the subscription with a handler")
     parser.add_argument("handler", help="package.module:function, taking (message, job)")
-    parser.add_argument(
-        "--metrics-port",
-        type=port_number,
-        metavar="N",
-        help="serve /metrics (Prometheus), /livez and /readyz on this port (0: any free port)",
-    )
-    parser.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
-    )
+    add_metrics_options(parser)
     parser.add_argument(
         "--processes",
         type=int,
@@ -67,6 +66,19 @@ def register(commands: Any) -> None:
         help="run N worker processes (1 to 64) on the subscription, supervised",
     )
     parser.set_defaults(func=cmd_run)
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-host``: the metrics and health endpoint's address."""
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="N",
+        help="serve /metrics (Prometheus), /livez and /readyz on this port (0: any free port)",
+    )
+    parser.add_argument(
+        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
+    )
 
 
 def port_number(text: str) -> int:

@@ -11,25 +11,9 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobStore, Status
 
 
-def put_job(
-    store: JobStore,
-    subscription: str,
-    key: str,
-    status: Status,
-    *,
-    updated_at: datetime | None = None,
-    review: str | None = None,
-    shard: bool = True,
-    **more: Any,
-) -> str:
-    """Create ``key``'s job document with ``status``; its id. A failed one can be replayed.
-
-    ``updated_at`` is the last write's time (the writer's clock: now by default);
-    ``shard=False`` writes it as a release before the shard field did.
-    """
-    doc_id, fields = job_document(
-        subscription, key, status, updated_at=updated_at, review=review, shard=shard, **more
-    )
+def put_job(store: JobStore, subscription: str, key: str, status: Status, **options: Any) -> str:
+    """Create :func:`job_document` in ``store``; its id."""
+    doc_id, fields = job_document(subscription, key, status, **options)
     store.create(doc_id, fields)
     return doc_id
 
@@ -44,7 +28,12 @@ def job_document(
     shard: bool = True,
     **more: Any,
 ) -> tuple[str, dict[str, Any]]:
-    """The id and fields :func:`put_job` writes (for a batch of many)."""
+    """``key``'s job document with ``status``, as a worker leaves it: its id and fields.
+
+    ``updated_at`` is the last write's time (the writer's clock: now by default);
+    ``shard=False`` writes it as a release before the shard field did. A failed
+    one carries what a replay publishes.
+    """
     doc_id = document_id(subscription, key)
     at = updated_at or datetime.now(timezone.utc)
     fields: dict[str, Any] = {
