@@ -4,7 +4,7 @@ Used when ``EMULATOR_BACKEND=docker``, or in ``auto`` mode when the CLI
 components are missing and a Docker engine answers. One container per
 emulator, started through testcontainers (whose reaper container removes
 them even if this process is killed). testcontainers is imported only here
-and only when needed: install it with ``pip install 'pubsub-worker[testing]'``.
+and only when needed: install it with ``pip install 'pubsub-exactly-once[testing]'``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
 """The official image that bundles every emulator of the Google Cloud CLI."""
 
-_INSTALL = "pip install 'pubsub-worker[testing]'"
+_INSTALL = "pip install 'pubsub-exactly-once[testing]'"
 
 # Port each emulator listens on inside its container, and its gcloud command.
 _CONTAINER_PORT = {"pubsub": 8085, "firestore": 8080}

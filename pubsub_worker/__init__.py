@@ -14,10 +14,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata as _metadata
-
 from pubsub_worker._job.async_job import AsyncJob
 from pubsub_worker._job.job import Job
+from pubsub_worker._support import distribution as _distribution
 from pubsub_worker._support.metrics import Counter, Metrics
 from pubsub_worker._worker.outcome import Outcome
 from pubsub_worker._worker.runner import flow_control, run
@@ -80,14 +79,5 @@ __all__ = [
 ]
 
 
-def _installed_version() -> str:
-    # The installed distribution's metadata is the truth (pyproject's version when built);
-    # a source tree on sys.path without an install falls back to pyproject's version.
-    try:
-        return _metadata.version("pubsub-worker")
-    except _metadata.PackageNotFoundError:
-        return "0.1.0"
-
-
-__version__: str = _installed_version()
-"""The version of the installed distribution, as in ``pip show pubsub-worker``."""
+__version__: str = _distribution.installed_version()
+"""The version of the installed distribution, as in ``pip show pubsub-exactly-once``."""

@@ -6,8 +6,8 @@ Attribute                              Stamped by                      Why
 ``effect_key`` (default of             the outbox, on every message a  a consumer keyed on it drops
 ``OUTBOX_KEY_ATTRIBUTE``)              step publishes                  a republished copy
 ``pubsub_worker_step``                 the outbox, same messages       the step that published it
-``pubsub_worker_replay_of``            ``pubsub-worker replay``, on a  the replayed job keeps its
-                                       job keyed by its message id     key (the old message id)
+``pubsub_worker_replay_of``            ``jobs replay``, on a job       the replayed job keeps its
+                                       keyed by its message id         key (the old message id)
 ``pubsub_worker_reason``               the failure path, on the        why the job was sent to
                                        failure topic's message         review
 ``pubsub_worker_error``                the failure path                the error, clipped
@@ -51,7 +51,7 @@ STEP_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "step"
 """An outbox message's step name."""
 
 REPLAY_OF_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "replay_of"
-"""Set by ``pubsub-worker replay`` when it republishes a failed job whose key was its
+"""Set by ``pubsub-worker jobs replay`` when it republishes a failed job whose key was its
 message id: the replayed message keeps the original key instead of getting a new one."""
 
 REASON_ATTRIBUTE = LIBRARY_ATTRIBUTE_PREFIX + "reason"

@@ -20,7 +20,7 @@ for a job whose failed record is durable (docs/protocol.md, property
    (``pubsub-worker jobs show`` lists it) and is published when the job is
    replayed, by the claim of the replayed message, before its handler runs;
 3. write the ``failed`` record, fenced like 1, with the original data when it
-   fits (so ``pubsub-worker replay`` can revive it) and, when a failure
+   fits (so ``pubsub-worker jobs replay`` can revive it) and, when a failure
    message follows, ``review: pending``. An owner that lost the job since 1
    (a pause past its lease) is refused here and publishes nothing; once this
    write lands, no claim takes the job (only a replay revives it);

@@ -93,19 +93,28 @@ def mask(name: str, value: Any) -> str:
 
 
 def effective_settings(
-    settings: Settings, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+    settings: Settings,
+    environ: Mapping[str, str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    flags: Mapping[str, str] | None = None,
 ) -> list[SettingRow]:
     """Every setting with its value and source, then the derived paths and credentials.
 
     ``overrides`` are the platform defaults in effect (a setting among them is
     reported as ``<marker variable> default``); None: those of ``environ``, as
-    :meth:`Settings.from_env` applied them.
+    :meth:`Settings.from_env` applied them. ``flags`` maps a setting given by a
+    command-line flag to that flag (``{"subscription": "--subscription"}``),
+    reported as its source.
     """
     overrides = platform_overrides(environ) if overrides is None else overrides
+    flags = flags or {}
     rows = []
     for field in type(settings).model_fields:
         variable = env_name(field)
-        if field in overrides:
+        if field in flags:
+            source = flags[field]
+        elif field in overrides:
             source = f"{cloud_run(environ) or 'platform'} default"
         elif variable in environ:
             source = "environment"
@@ -165,9 +174,9 @@ UNSHARDED_INDEXES: tuple[tuple[IndexField, ...], ...] = (
 (500 writes per second per subscription); nothing queries them any more: delete them."""
 
 QUERIED_FIELDS: tuple[str, ...] = (s.SUBSCRIPTION, s.STATUS)
-"""Fields whose single-field indexes a query needs: ``failed`` and ``jobs replay
---all-failed`` ask for ``subscription == S and status == failed``, which Firestore
-serves by merging these two. Neither value is sequential: no hotspot."""
+"""Fields whose single-field indexes a query needs: ``jobs replay --all-failed`` asks
+for ``subscription == S and status == failed``, which Firestore serves by merging these
+two. Neither value is sequential: no hotspot."""
 
 _SEQUENTIAL = "sequential: the time of a write, so each new value lands at the end of its index"
 _LARGE = "large, never queried: its index entries cost write latency and storage"

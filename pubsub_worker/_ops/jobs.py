@@ -94,11 +94,11 @@ def show(store: JobStore, subscription: str, key: str) -> JobView | None:
 
 
 class IndexMissing(PubSubWorkerError):
-    """Firestore refused a listing query for want of its composite index."""
+    """Firestore refused a query for want of its composite index (the message is one line)."""
 
     def __init__(self, command: str, detail: str) -> None:
         super().__init__(
-            f"Firestore needs a composite index for this listing; create it with:\n  {command}\n"
+            f"Firestore needs a composite index for this query; create it with: {command} "
             f"(all of them: docs/operations.md; Firestore said: {detail})"
         )
         self.command = command

@@ -6,7 +6,8 @@ size, the outbox and the last error; a failed job's unsent outbox entries
 are marked as published on replay), built from the stored fields the way
 a claim reads them; :meth:`JobView.to_json` gives it in plain JSON types.
 :func:`render_job` is ``jobs show`` as text, one fact per line, and
-:func:`render_table` is ``jobs list`` as an aligned table. Every stored
+:func:`list_row` a row of ``jobs list`` (:data:`LIST_HEADER`), which the
+command lays out as a table. Every stored
 string is shown through :func:`pubsub_worker._support.logs.printable`: a key cannot
 forge a line or send terminal escapes. Nothing here reads or writes the
 store: :mod:`pubsub_worker._ops.jobs` does.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -28,12 +29,13 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, Review, Snapshot, Status
 
 __all__ = [
+    "LIST_HEADER",
     "JobView",
     "OutboxView",
     "StepView",
     "lease_text",
+    "list_row",
     "render_job",
-    "render_table",
 ]
 
 _STEP_AT = "at"
@@ -302,27 +304,19 @@ def render_job(view: JobView) -> str:
     return "\n".join(lines)
 
 
-def render_table(views: Sequence[JobView]) -> str:
-    """``jobs list`` as an aligned table, newest first; keys and errors escaped and clipped."""
-    header = ("KEY", "STATUS", "EPOCH", "ATTEMPTS", "UPDATED", "LEASE", "STEPS", "ERROR")
-    rows = [header] + [
-        (
-            printable(view.key, 40) if view.key is not None else "(no key)",
-            view.status.value,
-            str(view.epoch),
-            str(view.attempts),
-            _when(view.updated_at),
-            lease_text(view),
-            str(len(view.steps)),
-            printable(view.error, 60) if view.error else "",
-        )
-        for view in views
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    lines = (
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True))
-        + "  "
-        + row[-1]
-        for row in rows
+LIST_HEADER = ("KEY", "STATUS", "EPOCH", "ATTEMPTS", "UPDATED", "LEASE", "STEPS", "ERROR")
+"""The columns of ``jobs list``, one :func:`list_row` cell each."""
+
+
+def list_row(view: JobView) -> tuple[str, ...]:
+    """One row of ``jobs list``: every stored string escaped; keys and errors clipped."""
+    return (
+        printable(view.key, 40) if view.key is not None else "(no key)",
+        view.status.value,
+        str(view.epoch),
+        str(view.attempts),
+        _when(view.updated_at),
+        lease_text(view),
+        str(len(view.steps)),
+        printable(view.error, 60) if view.error else "",
     )
-    return "\n".join(line.rstrip() for line in lines)

@@ -77,6 +77,7 @@ __all__ = [
     "ReplayResult",
     "list_failed",
     "replay",
+    "unknown_keys",
     "why_not_replayable",
 ]
 
@@ -172,6 +173,21 @@ def list_failed(
     for doc_id in dict.fromkeys(ids):
         if doc_id in found:
             yield _failed_job(found[doc_id])
+
+
+def unknown_keys(subscription: str, keys: Iterable[str], jobs: Iterable[FailedJob]) -> list[str]:
+    """The keys, in order, that none of ``jobs`` (what :func:`list_failed` found) belongs to.
+
+    A key belongs to its job's document or to the record of a message rejected
+    before it became a job whose message id is that key. Pure: no I/O.
+    """
+    found = {job.doc_id for job in jobs}
+    return [
+        key
+        for key in dict.fromkeys(keys)
+        if document_id(subscription, key) not in found
+        and rejected_document_id(subscription, key) not in found
+    ]
 
 
 def replay(

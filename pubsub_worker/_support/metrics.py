@@ -1,7 +1,7 @@
 """Counters and gauges of a worker, kept in process and exported through OpenTelemetry.
 
 The in-process :class:`Metrics` is always there (``wrapper.metrics.snapshot()``);
-when ``opentelemetry-api`` is installed (``pip install 'pubsub-worker[otel]'``)
+when ``opentelemetry-api`` is installed (``pip install 'pubsub-exactly-once[otel]'``)
 every counter is also an OpenTelemetry counter named ``pubsub_worker.<name>``
 and the gauges are observable gauges, reported to whatever SDK the
 application configured (without an SDK they cost nothing).
@@ -13,63 +13,97 @@ import bisect
 import threading
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["BUCKETS_S", "Counter", "Histogram", "HistogramSnapshot", "Metrics"]
 
 
-class Counter(str, Enum):
-    """What a worker counts. Each member is one monotonically increasing counter."""
-
-    RECEIVED = "received"
-    """Deliveries handed to the wrapper."""
-    COMPLETED = "completed"
-    """Jobs this worker completed (completion record committed)."""
-    ALREADY_DONE = "already_done"
-    """Deliveries of a job that was already completed or failed: acked without running."""
-    STEPS_RUN = "steps_run"
-    """Step functions run (a skipped, recorded step is not counted)."""
-    STEPS_SKIPPED = "steps_skipped"
-    """Steps answered from their record on a redelivery."""
-    RETRIED = "retried"
-    """Jobs released after a retryable failure, for another attempt."""
-    FAILED = "failed"
-    """Jobs sent to the reviewed failure path (dead-letter arrivals)."""
-    LOST_OWNERSHIP = "lost_ownership"
-    """Callbacks stopped because another delivery or owner took over."""
-    ACKS_LOST = "acks_lost"
-    """Acks refused with INVALID_ACK_ID/FAILED_PRECONDITION after completion (job is done)."""
-    ACK_ERRORS = "ack_errors"
-    """Acks that failed otherwise or timed out (a redelivery will ack)."""
-    BUSY = "busy"
-    """Deliveries not run because another owner held a live lease."""
-    RENEWALS = "renewals"
-    """Lease renewals sent because the job made progress."""
-    RENEWAL_FAILURES = "renewal_failures"
-    """Lease renewals that failed."""
-    ABANDONED = "abandoned"
-    """Jobs abandoned after MAX_PROCESSING_SECONDS."""
-    OUTBOX_PUBLISHED = "outbox_published"
-    """Outbox messages published."""
-    OUTBOX_ERRORS = "outbox_errors"
-    """Outbox publishes that failed (the entry stays unsent and is published again)."""
-    DEFERRED = "deferred"
-    """Deliveries left to come back after a backoff (busy owner, store or failure path down)."""
-    FAILURE_PATH_ERRORS = "failure_path_errors"
-    """Attempts to send a message to the failure path that failed (it is deferred, not lost)."""
-    STALLED = "stalled"
-    """Deliveries given up after a lease without progress (Pub/Sub redelivers them)."""
-    STALE_COMMITS = "stale_commits"
-    """Conditional writes of this worker rejected because another owner holds the job now."""
+_D = TypeVar("_D", bound="_Described")
 
 
-class Histogram(str, Enum):
-    """Durations, in seconds. Each member is one histogram (OpenTelemetry name in the value)."""
+class _Described(str, Enum):
+    """A ``str`` enum whose members are ``NAME = value, description``: ``__doc__`` is each's own.
 
-    PROCESS_DURATION = "messaging.process.duration"
-    """One delivery in the wrapper, from the callback's start to its settlement."""
-    STEP_DURATION = "pubsub_worker.step.duration"
-    """One step that ran (its function and its record)."""
+    (A docstring under a member documents the source only: at run time every member's
+    ``__doc__`` would be the class's.)
+    """
+
+    _value_: str
+
+    def __new__(cls: type[_D], value: str, description: str = "") -> _D:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.__doc__ = description
+        return member
+
+
+class Counter(_Described):
+    """What a worker counts. Each member is one monotonically increasing counter.
+
+    A member's ``__doc__`` is its own description: the HELP line of its Prometheus
+    series (:mod:`pubsub_worker._worker.serve`) and its OpenTelemetry description.
+    """
+
+    RECEIVED = "received", "Deliveries handed to the wrapper."
+    COMPLETED = "completed", "Jobs this worker completed (completion record committed)."
+    ALREADY_DONE = (
+        "already_done",
+        "Deliveries of a job that was already completed or failed: acked without running.",
+    )
+    STEPS_RUN = "steps_run", "Step functions run (a skipped, recorded step is not counted)."
+    STEPS_SKIPPED = "steps_skipped", "Steps answered from their record on a redelivery."
+    RETRIED = "retried", "Jobs released after a retryable failure, for another attempt."
+    FAILED = "failed", "Jobs sent to the reviewed failure path (dead-letter arrivals)."
+    LOST_OWNERSHIP = (
+        "lost_ownership",
+        "Callbacks stopped because another delivery or owner took over.",
+    )
+    ACKS_LOST = (
+        "acks_lost",
+        "Acks refused with INVALID_ACK_ID/FAILED_PRECONDITION after completion (job is done).",
+    )
+    ACK_ERRORS = "ack_errors", "Acks that failed otherwise or timed out (a redelivery will ack)."
+    BUSY = "busy", "Deliveries not run because another owner held a live lease."
+    RENEWALS = "renewals", "Lease renewals sent because the job made progress."
+    RENEWAL_FAILURES = "renewal_failures", "Lease renewals that failed."
+    ABANDONED = "abandoned", "Jobs abandoned after MAX_PROCESSING_SECONDS."
+    OUTBOX_PUBLISHED = "outbox_published", "Outbox messages published."
+    OUTBOX_ERRORS = (
+        "outbox_errors",
+        "Outbox publishes that failed (the entry stays unsent and is published again).",
+    )
+    DEFERRED = (
+        "deferred",
+        "Deliveries left to come back after a backoff (busy owner, store or failure path down).",
+    )
+    FAILURE_PATH_ERRORS = (
+        "failure_path_errors",
+        "Attempts to send a message to the failure path that failed (it is deferred, not lost).",
+    )
+    STALLED = (
+        "stalled",
+        "Deliveries given up after a lease without progress (Pub/Sub redelivers them).",
+    )
+    STALE_COMMITS = (
+        "stale_commits",
+        "Conditional writes of this worker rejected because another owner holds the job now.",
+    )
+
+
+class Histogram(_Described):
+    """Durations, in seconds. Each member is one histogram (OpenTelemetry name in the value).
+
+    A member's ``__doc__`` is its own description, as for :class:`Counter`.
+    """
+
+    PROCESS_DURATION = (
+        "messaging.process.duration",
+        "One delivery in the wrapper, from the callback's start to its settlement.",
+    )
+    STEP_DURATION = (
+        "pubsub_worker.step.duration",
+        "One step that ran (its function and its record).",
+    )
 
 
 BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

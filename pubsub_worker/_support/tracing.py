@@ -1,6 +1,6 @@
 """OpenTelemetry spans by the messaging semantic conventions for GCP Pub/Sub.
 
-Without ``opentelemetry-api`` (``pip install 'pubsub-worker[otel]'``), or
+Without ``opentelemetry-api`` (``pip install 'pubsub-exactly-once[otel]'``), or
 without a tracer provider set by the application (an SDK), every call here
 costs a function call and records nothing: no span object is made.
 

@@ -6,180 +6,165 @@
         [--metrics-port N] [--processes N]        Prometheus + health; N worker processes
     pubsub-worker push package.module:handler     serve a push subscription's requests
         [--host H] [--port N] [--metrics-port N]  POST /, /livez, /readyz (uvicorn)
-    pubsub-worker config [--json]                  the effective settings, checked live
-    pubsub-worker jobs show KEY [--json]           one job: status, owner, lease, steps, outbox
+    pubsub-worker config                          the effective settings, checked live
+    pubsub-worker jobs show KEY                   one job: status, owner, lease, steps, outbox
     pubsub-worker jobs list [--status S] [--older-than 10m] [--limit N] [--after CURSOR]
-    pubsub-worker jobs release KEY [--epoch N]     drop a stuck owner's claim (fenced)
-    pubsub-worker jobs replay KEY... | --all-failed [--dry-run]
-    pubsub-worker failed [--json]                  (as before) list failed jobs
-    pubsub-worker replay --all | --key KEY ...     (as before) = jobs replay
+    pubsub-worker jobs stats                      jobs per status, oldest running, pending reviews
+    pubsub-worker jobs release KEY [--epoch N]    drop a stuck owner's claim (fenced)
+    pubsub-worker jobs replay KEY... | --all-failed [--dry-run] [--topic T]
+    pubsub-worker jobs backfill-shards            once, after upgrading: shards for old documents
+    pubsub-worker --version
 
-Settings come from ``PUBSUB_WORKER_*`` variables (on Cloud Run the shutdown
-grace defaults to 5 s, see :mod:`pubsub_worker._ops.config_report`). A
-configuration or connection problem prints one clear line and exits 2 (no
-traceback); ``config`` instead lists every problem and exits 1 if there is
-any. ``replay`` prints one line per job (``replayed``, ``dry-run``,
-``skipped: <why>`` or ``failed: <why>``, see :mod:`pubsub_worker._ops.replay`)
-and a summary, and exits 1 unless every job listed was replayed. Keys are
-shown through :func:`pubsub_worker._support.logs.printable`: a key cannot forge a
-line or send terminal escapes.
+``config`` and every ``jobs`` command also take ``--subscription SUB`` and
+``--project P`` (over ``PUBSUB_WORKER_SUBSCRIPTION`` and
+``GOOGLE_CLOUD_PROJECT``) and ``-o/--output json`` for scripts. Settings come
+from ``PUBSUB_WORKER_*`` variables (on Cloud Run the shutdown grace defaults
+to 5 s, see :mod:`pubsub_worker._ops.config_report`). On a terminal tables,
+colours and the replay's progress bar come through rich; piped, the output
+is plain, stable text (:mod:`pubsub_worker.cli.output`). Stored strings (keys,
+errors) are shown through :func:`pubsub_worker._support.logs.printable`: a key
+cannot forge a line or send terminal escapes.
+
+Every failure is one line on stderr, ``pubsub-worker: <what>``, and one of
+these exit codes (:class:`~pubsub_worker.cli.exit_codes.ExitCode`), never a
+traceback (``--traceback`` shows one for an internal error):
+
+=====  ==================================================================
+code   meaning
+=====  ==================================================================
+0      done as asked (``run`` and ``push``: stopped by SIGTERM or SIGINT)
+1      part of what was asked was not done: a job not replayed or not
+       released, a problem ``config`` found, a worker process that died
+2      usage or configuration: a bad argument, a setting out of range, a
+       handler path that does not load, a port in use, no credentials, a
+       missing Firestore index, a subscription that does not exist
+3      Pub/Sub or Firestore did not answer or failed (the store is down,
+       the streaming pull ended with an error)
+4      not found: a job key that no job has on the subscription
+70     an internal error (a bug): ``--traceback`` shows where
+130    interrupted (Ctrl-C) outside ``run`` and ``push``
+141    stdout was closed early (``| head``): the rest is dropped quietly
+=====  ==================================================================
+
+Each command is a module with ``register(subparsers)``, which adds its parser
+and ``set_defaults(func=cmd)``; ``cmd(args, out)`` returns the exit code.
+:data:`COMMANDS` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
+import platform
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from pubsub_worker._support.logs import configure
-from pubsub_worker._worker.serve import DEFAULT_HOST
-from pubsub_worker.errors import ConfigError, PubSubWorkerError, Unreachable
-from pubsub_worker.stores.base import Status
+from google.api_core import exceptions as gexc
 
-from .config import cmd_config
-from .environment import settings_from_env
-from .jobs import (
-    PAGE,
-    cmd_backfill_shards,
-    cmd_failed,
-    cmd_jobs_replay,
-    cmd_list,
-    cmd_release,
-    cmd_replay,
-    cmd_show,
-    parse_duration,
+from pubsub_worker._ops.jobs import IndexMissing
+from pubsub_worker._support.distribution import NAME, installed_version
+from pubsub_worker.errors import ConfigError, PubSubWorkerError, StoreError, Unreachable
+
+from . import config, jobs, push, run
+from .exit_codes import ExitCode
+from .output import Output
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+COMMANDS = (run, push, config, jobs)
+"""The command modules, in the order ``--help`` lists them."""
+
+_REQUEST_REFUSED = (
+    gexc.PermissionDenied,
+    gexc.Unauthenticated,
+    gexc.NotFound,
+    gexc.InvalidArgument,
 )
-from .push import cmd_push, default_port
-from .run import cmd_run
-
-__all__ = ["build_parser", "main"]
+"""Google Cloud errors that say what was asked is wrong: configuration (exit 2), not an outage."""
 
 
-def _add_replay_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topic", help="topic to publish to (default: the subscription's)")
-    parser.add_argument("--dry-run", action="store_true", help="list what would be replayed")
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"pubsub-worker: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="pubsub-worker", description="Exactly-once Pub/Sub worker (settings: PUBSUB_WORKER_*)"
+    parser = _Parser(
+        prog="pubsub-worker",
+        description="Exactly-once Pub/Sub worker (settings: PUBSUB_WORKER_*)",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run_p = sub.add_parser("run", help="consume the subscription with a handler")
-    run_p.add_argument("handler", help="package.module:function, taking (message, job)")
-    run_p.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="N",
-        help="serve /metrics (Prometheus), /livez and /readyz on this port (0: any free port)",
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"pubsub-worker {installed_version()} ({NAME}, Python {platform.python_version()})",
     )
-    run_p.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
+    parser.add_argument(
+        "--traceback", action="store_true", help="show the traceback of an internal error"
     )
-    run_p.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        metavar="N",
-        choices=range(1, 65),
-        help="run N worker processes (1 to 64) on the subscription, supervised",
-    )
-
-    push_p = sub.add_parser("push", help="serve a push subscription's requests with a handler")
-    push_p.add_argument("handler", help="package.module:function, taking (message, job)")
-    push_p.add_argument(
-        "--host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
-    )
-    push_p.add_argument(
-        "--port",
-        type=int,
-        default=default_port(),
-        metavar="N",
-        help="port to serve on (default $PORT, else 8080)",
-    )
-    push_p.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="N",
-        help="serve /metrics (Prometheus), /livez and /readyz on this port too",
-    )
-    push_p.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
-    )
-
-    config_p = sub.add_parser("config", help="the effective settings, checked against the cloud")
-    config_p.add_argument("--json", action="store_true", help="machine-readable output")
-
-    jobs_p = sub.add_parser("jobs", help="inspect, release and replay jobs")
-    jobs_sub = jobs_p.add_subparsers(dest="jobs_command", required=True)
-    show_p = jobs_sub.add_parser("show", help="one job: status, owner, lease, steps, outbox")
-    show_p.add_argument("key", help="the job's key (its message id without KEY_ATTRIBUTE)")
-    show_p.add_argument("--json", action="store_true", help="machine-readable output")
-    list_p = jobs_sub.add_parser("list", help="jobs of the subscription, newest first, paged")
-    list_p.add_argument("--status", choices=[s.value for s in Status])
-    list_p.add_argument(
-        "--older-than",
-        type=parse_duration,
-        metavar="AGE",
-        help="last written at least AGE ago (90s, 10m, 2h)",
-    )
-    list_p.add_argument("--limit", type=int, default=PAGE, choices=range(1, 1001), metavar="N")
-    list_p.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
-    list_p.add_argument("--json", action="store_true", help="machine-readable output")
-    release_p = jobs_sub.add_parser("release", help="drop a stuck owner's claim (new epoch)")
-    release_p.add_argument("key")
-    release_p.add_argument(
-        "--epoch", type=int, help="release only if the job is still at this epoch"
-    )
-    jobs_sub.add_parser(
-        "backfill-shards",
-        help="give documents written before the shard field their shard (once, after upgrading)",
-    )
-    jreplay_p = jobs_sub.add_parser("replay", help="republish failed jobs; done steps are skipped")
-    jreplay_p.add_argument("keys", nargs="*", metavar="KEY")
-    jreplay_p.add_argument("--all-failed", action="store_true", help="every failed job")
-    _add_replay_options(jreplay_p)
-
-    failed_p = sub.add_parser("failed", help="list failed jobs awaiting review")
-    failed_p.add_argument("--json", action="store_true", help="machine-readable output")
-    replay_p = sub.add_parser("replay", help="republish failed jobs; completed steps are skipped")
-    replay_p.add_argument("--all", action="store_true", help="every failed job")
-    replay_p.add_argument("--key", action="append", help="a job key (repeatable)")
-    _add_replay_options(replay_p)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(commands)
     return parser
 
 
-_COMMANDS = {
-    "run": cmd_run,
-    "push": cmd_push,
-    "failed": cmd_failed,
-    "replay": cmd_replay,
-    ("jobs", "show"): cmd_show,
-    ("jobs", "list"): cmd_list,
-    ("jobs", "release"): cmd_release,
-    ("jobs", "replay"): cmd_jobs_replay,
-    ("jobs", "backfill-shards"): cmd_backfill_shards,
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pubsub-worker`` command."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``pubsub-worker`` command: the exit code (see the module's table)."""
     try:
-        if args.command == "config":
-            return cmd_config(args)
-        settings = settings_from_env()
-        if args.command in ("run", "push"):
-            configure(settings.log_format)
-            logging.getLogger("google").setLevel(logging.WARNING)
-        name = (args.command, args.jobs_command) if args.command == "jobs" else args.command
-        return _COMMANDS[name](args, settings)
-    except (ConfigError, Unreachable) as exc:
-        print(f"pubsub-worker: {exc}", file=sys.stderr)
-        return 2
-    except PubSubWorkerError as exc:
-        print(f"pubsub-worker: {exc}", file=sys.stderr)
-        return 1
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: already written
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    out = Output()
+    try:
+        code = int(args.func(args, out))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
+        return ExitCode.PIPE_CLOSED
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is ExitCode.INTERNAL and args.traceback:
+            raise
+        out.error(_message(exc, code))
+        return code
+    return code
+
+
+def _exit_code(exc: Exception) -> ExitCode:
+    if isinstance(exc, (ConfigError, IndexMissing, *_REQUEST_REFUSED)):
+        return ExitCode.USAGE
+    if isinstance(exc, (Unreachable, StoreError, gexc.GoogleAPICallError, gexc.RetryError)):
+        return ExitCode.UNREACHABLE
+    if isinstance(exc, PubSubWorkerError):
+        return ExitCode.FAILED
+    return ExitCode.INTERNAL
+
+
+def _message(exc: Exception, code: ExitCode) -> str:
+    if isinstance(exc, PubSubWorkerError):
+        return str(exc)
+    if code is ExitCode.INTERNAL:
+        return (
+            f"internal error: {type(exc).__name__}: {exc} (a bug; run again with --traceback "
+            "to see where)"
+        )
+    return f"Google Cloud answered {type(exc).__name__}: {exc}"
+
+
+def _drop_stdout() -> None:
+    """The reader went away: point stdout at /dev/null, so that the exit writes nothing.
+
+    As Python's documentation of SIGPIPE advises: flushing stdout at exit would
+    raise BrokenPipeError again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to flush
+        pass

@@ -7,7 +7,10 @@ Cloud Run sets it), and with ``--metrics-port N`` ``/metrics``, ``/livez``
 and ``/readyz`` on a port of their own, as ``pubsub-worker run`` does. It
 reads the same ``PUBSUB_WORKER_*`` variables; the endpoint starts (clients,
 failure topic, the token check's settings) before it listens, so a bad
-setting exits 2 with one line.
+setting exits 2 with one line; so do a handler path that does not load and a
+``--port`` or ``--metrics-port`` that another process holds
+(:func:`~pubsub_worker.cli.run.load_handler`,
+:func:`~pubsub_worker.cli.run.check_port`).
 
 On SIGTERM or SIGINT it stops taking jobs at once (a new request is answered
 503 and comes back), lets the jobs in flight run for
@@ -27,14 +30,17 @@ import threading
 from types import FrameType
 from typing import Any
 
-from pubsub_worker._worker.serve import Health, MetricsServer
+from pubsub_worker._support.distribution import install_line
+from pubsub_worker._worker.serve import DEFAULT_HOST, Health, MetricsServer
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.push import PushApp, create_app
-from pubsub_worker.settings import Settings, cloud_run, platform_overrides
+from pubsub_worker.settings import cloud_run, platform_overrides
 
-from .run import load_handler
+from .environment import worker_settings
+from .output import Output
+from .run import add_metrics_options, check_port, load_handler, port_number
 
-__all__ = ["DEFAULT_PORT", "cmd_push", "default_port"]
+__all__ = ["DEFAULT_PORT", "cmd_push", "default_port", "register"]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -48,6 +54,24 @@ _CLOSE_MARGIN_S = 5.0
 """What requests get past the grace to be released and answered before connections close."""
 
 
+def register(commands: Any) -> None:
+    """Add ``push`` to the command's subparsers."""
+    parser = commands.add_parser("push", help="serve a push subscription's requests with a handler")
+    parser.add_argument("handler", help="package.module:function, taking (message, job)")
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        type=port_number,
+        default=default_port(),
+        metavar="N",
+        help="port to serve on (default $PORT, else 8080)",
+    )
+    add_metrics_options(parser)
+    parser.set_defaults(func=cmd_push)
+
+
 def default_port() -> int:
     """``$PORT`` (Cloud Run sets it) or :data:`DEFAULT_PORT`."""
     try:
@@ -56,20 +80,25 @@ def default_port() -> int:
         return DEFAULT_PORT
 
 
-def cmd_push(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_push(args: argparse.Namespace, out: Output) -> int:
     """``push``: serve push requests until SIGTERM; 0 once every request was answered."""
+    settings = worker_settings(args)
     try:
         import uvicorn  # noqa: PLC0415 - the push extra
     except ImportError as exc:
-        raise ConfigError(f"push needs uvicorn: pip install 'pubsub-worker[push]' ({exc})") from exc
+        raise ConfigError(f"push needs uvicorn: {install_line('push')} ({exc})") from exc
     if platform_overrides(os.environ):
         _LOGGER.info(
             "on Cloud Run (%s is set): shutdown grace %.0f s, to fit its 10 s SIGTERM window",
             cloud_run(os.environ),
             settings.shutdown_grace_seconds,
         )
-    app = create_app(load_handler(args.handler), settings=settings)
-    app.start()  # ConfigError, Unreachable: one line, exit 2
+    handler = load_handler(args.handler)
+    check_port(args.host, args.port, "--port")
+    if args.metrics_port is not None:
+        check_port(args.metrics_host, args.metrics_port, "--metrics-port")
+    app = create_app(handler, settings=settings)
+    app.start()  # ConfigError (exit 2), Unreachable (exit 3): one line
     health = Health()
     metrics = None
     if args.metrics_port is not None:

@@ -28,7 +28,7 @@ Stored layout (owned here; field names are the constants below)::
       attributes           str            original message attributes as JSON text, on a
                                           failed record
       first_seen_at, updated_at, completed_at, failed_at   timestamps (writer's wall clock)
-      replayed_at          timestamp      when ``pubsub-worker replay`` last reset the job
+      replayed_at          timestamp      when ``pubsub-worker jobs replay`` last reset the job
       expire_at            timestamp      retention, refreshed by every claim; point a
                                           Firestore TTL policy at it
       trace_parent         str            W3C traceparent of the job's first delivery (links spans)
@@ -171,7 +171,7 @@ class Status(str, Enum):
     COMPLETED = "completed"
     """Done; a redelivery is acked without running anything."""
     FAILED = "failed"
-    """In the reviewed failure path; a redelivery is acked. ``pubsub-worker replay`` revives it."""
+    """In the reviewed failure path; a redelivery is acked. ``jobs replay`` revives it."""
 
 
 class Review(str, Enum):

@@ -134,6 +134,25 @@ class MemoryJobStore:
                 return result, self._commit(writes)[doc_id]
         raise StoreError(f"the transaction on job {doc_id} kept conflicting")
 
+    def snapshots(self) -> dict[str, Snapshot]:
+        """Every document, by id, as one read now would find it (copies).
+
+        A store has no queries; this is how tools and tests that look at the
+        whole store (``jobs stats`` on memory, :mod:`pubsub_worker._ops.stats`)
+        read it.
+        """
+        with self._lock:
+            now = self._clock()
+            return {
+                doc_id: Snapshot(
+                    fields=_copy(fields),
+                    version=version,
+                    read_time=max(now, update_time),
+                    update_time=update_time,
+                )
+                for doc_id, (fields, version, update_time) in self._docs.items()
+            }
+
     def delete_all(self) -> None:
         """Forget every document."""
         with self._lock:

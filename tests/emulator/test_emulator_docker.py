@@ -41,7 +41,7 @@ def test_docker_backend_without_engine_is_a_named_error(monkeypatch: pytest.Monk
 
 def test_missing_testcontainers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "testcontainers.core.container", None)
-    with pytest.raises(ImportError, match=r"pip install 'pubsub-worker\[testing\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'pubsub-exactly-once\[testing\]'"):
         start_container("pubsub", project="docker-test")
 
 

@@ -30,7 +30,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, emulators: Emulators, **variables
 
 def config_json(capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
-    code = main(["config", "--json"])
+    code = main(["config", "--output", "json"])
     return code, json.loads(capsys.readouterr().out)
 
 

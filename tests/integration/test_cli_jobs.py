@@ -83,7 +83,7 @@ def test_show_and_list_a_running_a_completed_and_a_failed_job(
         publisher.publish(eod_subscription.topic_path, b"doc", op="running").result()
         assert held.wait(30)
         try:
-            code, out, _ = run_cli(capsys, "jobs", "show", "running", "--json")
+            code, out, _ = run_cli(capsys, "jobs", "show", "running", "--output", "json")
             assert code == 0
             shown = json.loads(out)
             assert (shown["key"], shown["status"], shown["epoch"], shown["attempts"]) == (
@@ -120,13 +120,15 @@ def test_show_and_list_a_running_a_completed_and_a_failed_job(
             assert lines[-1] == f"3 job(s) on {settings.subscription_path}, newest first"
             assert "s left" in lines[1]
 
-            code, out, _ = run_cli(capsys, "jobs", "list", "--status", "running", "--json")
+            code, out, _ = run_cli(
+                capsys, "jobs", "list", "--status", "running", "--output", "json"
+            )
             assert [job["key"] for job in json.loads(out)["jobs"]] == ["running"]
             code, out, _ = run_cli(capsys, "jobs", "list", "--older-than", "1h")
             assert out.splitlines()[-1].startswith("0 job(s)")
 
             # Paged: two pages of two, newest first, nothing lost or repeated.
-            code, out, _ = run_cli(capsys, "jobs", "list", "--limit", "2", "--json")
+            code, out, _ = run_cli(capsys, "jobs", "list", "--limit", "2", "--output", "json")
             first = json.loads(out)
             assert [job["key"] for job in first["jobs"]] == ["running", "failing"]
             assert first["next"]
@@ -135,7 +137,7 @@ def test_show_and_list_a_running_a_completed_and_a_failed_job(
                 f"next page: pubsub-worker jobs list --limit 2 --after {first['next']}"
             )
             code, out, _ = run_cli(
-                capsys, "jobs", "list", "--limit", "2", "--after", first["next"], "--json"
+                capsys, "jobs", "list", "--limit", "2", "--after", first["next"], "--output", "json"
             )
             second = json.loads(out)
             assert ([job["key"] for job in second["jobs"]], second["next"]) == (["completed"], None)
@@ -144,8 +146,8 @@ def test_show_and_list_a_running_a_completed_and_a_failed_job(
         w.wait_for(lambda: w.counter(Counter.COMPLETED) == 2)
 
     code, _, err = run_cli(capsys, "jobs", "show", "never-seen")
-    assert code == 1
-    assert "no job never-seen" in err
+    assert code == 4
+    assert err == f"pubsub-worker: no job never-seen on {settings.subscription_path}\n"
 
 
 def _hold(job: pubsub_worker.Job, held: threading.Event, hold: threading.Event) -> None:
@@ -227,7 +229,7 @@ def test_release_fences_a_live_owner_and_refuses_what_cannot_be_released(
     assert "claim-42: not released: completed: nothing to release" in err
     assert JobRecord.parse(store.get(doc_id).fields).epoch == 2  # type: ignore[union-attr]
     code, _, err = run_cli(capsys, "jobs", "release", "nobody")
-    assert (code, "no job has this key" in err) == (1, True)
+    assert (code, "no job has this key" in err) == (4, True)
 
 
 def test_jobs_replay_revives_failed_jobs_without_repeating_a_step(
@@ -270,8 +272,10 @@ def test_jobs_replay_revives_failed_jobs_without_repeating_a_step(
     assert code == 0
     listed = [line.split("] ", 1) for line in out.splitlines() if line.startswith("[")]
     assert sorted(n for n, _ in listed) == ["[1/3", "[2/3", "[3/3"]
-    assert sorted(outcome for _, outcome in listed) == [f"{key}: dry-run" for key in keys]
+    assert sorted(outcome for _, outcome in listed) == [f"{key}: would replay" for key in keys]
+    assert f"would replay 3 of 3 job(s) to {eod_subscription.topic_path}" in out
     assert "  dry run: nothing was written or published" in out
+    assert "replayed" not in out
 
     broken["b"] = False
     end_stale_streams(subscriber, eod_subscription.subscription_path)

@@ -75,10 +75,10 @@ def test_replay_revives_a_failed_job_without_repeating_its_completed_steps(
 
     _env(monkeypatch, emulators, settings)
     capsys.readouterr()
-    assert main(["failed", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
-    assert [(row["key"], row["reason"], row["replayable"]) for row in listed] == [
-        (key, "permanent", True)
+    assert main(["jobs", "list", "--status", "failed", "--output", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["jobs"]
+    assert [(row["key"], row["status"], row["reason"]) for row in listed] == [
+        (key, "failed", "permanent")
     ]
 
     broken["b"] = False  # the reviewer fixed the cause
@@ -86,21 +86,21 @@ def test_replay_revives_a_failed_job_without_repeating_its_completed_steps(
     # message for a lease (docs/emulator.md); end it before the next worker starts.
     end_stale_streams(subscriber, eod_subscription.subscription_path)
     with worker(handle, settings) as w:
-        assert main(["replay", "--all"]) == 0
+        assert main(["jobs", "replay", "--all-failed"]) == 0
         out = capsys.readouterr().out
         assert f"[1/1] {key}: replayed" in out
         w.wait_for(lambda: w.counter(Counter.COMPLETED) == 1, timeout_s=60)
     assert effects == [("a", key), ("b", key)]  # step a was not repeated
 
-    assert main(["failed", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert main(["jobs", "list", "--status", "failed", "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == []
 
 
 def test_cli_reports_bad_configuration_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PUBSUB_WORKER_LEASE_SECONDS", "3")
-    assert main(["failed"]) == 2
+    assert main(["jobs", "list"]) == 2
     err = capsys.readouterr().err
     assert "PUBSUB_WORKER_LEASE_SECONDS" in err
     assert "Traceback" not in err

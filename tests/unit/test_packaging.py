@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import pubsub_worker
+from pubsub_worker._support import distribution
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +52,7 @@ class Built:
         self.wheel = zipfile.ZipFile(directory / wheel_name)
         self.wheel_names = self.wheel.namelist()
         with tarfile.open(directory / sdist_name) as sdist:
-            # Each member is "pubsub_worker-0.1.0/<path>".
+            # Each member is "pubsub_exactly_once-0.1.0/<path>".
             members = sdist.getmembers()
             self.sdist_names = [m.name.split("/", 1)[1] for m in members if "/" in m.name]
         (self.dist_info,) = {
@@ -75,8 +76,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
 def test_wheel_holds_the_library_and_the_emulator_harness_only(built: Built) -> None:
     top_level = {name.split("/")[0] for name in built.wheel_names}
     assert top_level == {"pubsub_worker", "emulator", built.dist_info}
-    assert built.dist_info.startswith("pubsub_worker-")
+    assert built.dist_info.startswith("pubsub_exactly_once-")
     assert not [name for name in built.wheel_names if name.endswith(".pyc")]
+
+
+def test_the_distribution_has_a_name_of_its_own(built: Built) -> None:
+    # "pubsub-worker" on the package index is another project: never publish or install it.
+    assert built.metadata()["Name"] == distribution.NAME == "pubsub-exactly-once"
+    assert distribution.install_line("push") == "pip install 'pubsub-exactly-once[push]'"
+    deployed = (ROOT / "samples" / "push_function" / "requirements.txt").read_text()
+    assert distribution.NAME in deployed.split()
+    assert "pubsub-worker" not in deployed.split()
 
 
 def test_wheel_holds_every_module_of_both_packages(built: Built) -> None:
@@ -159,7 +169,7 @@ def _pyproject_version() -> str:
 
 def test_version_is_the_distributions(built: Built) -> None:
     assert built.metadata()["Version"] == _pyproject_version()
-    assert pubsub_worker.__version__ == importlib.metadata.version("pubsub-worker")
+    assert pubsub_worker.__version__ == importlib.metadata.version("pubsub-exactly-once")
     assert pubsub_worker.__version__ == _pyproject_version()
 
 
@@ -168,4 +178,4 @@ def test_version_without_an_install_is_pyprojects(monkeypatch: pytest.MonkeyPatc
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert pubsub_worker._installed_version() == _pyproject_version()
+    assert distribution.installed_version() == _pyproject_version()

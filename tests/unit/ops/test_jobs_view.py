@@ -6,7 +6,6 @@ so the lease shown is judged exactly as a claim judges it.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
@@ -22,6 +21,8 @@ from pubsub_worker._ops import config_report, jobs_view
 from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.cli import jobs as cli_jobs
+from pubsub_worker.cli import replay as cli_replay
+from pubsub_worker.cli.output import Column, plain_table
 from pubsub_worker.errors import VersionConflict
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import Changes, JobRecord, Snapshot, Status
@@ -105,13 +106,16 @@ def test_a_hostile_key_cannot_forge_lines_or_send_terminal_escapes() -> None:
     view = job_ops.show(store, SUB, key)
     assert view is not None
     assert view.key == key
-    for text in (jobs_view.render_job(view), jobs_view.render_table([view])):
+    table = plain_table(
+        [Column(header) for header in jobs_view.LIST_HEADER], [jobs_view.list_row(view)]
+    )
+    for text in (jobs_view.render_job(view), "\n".join(table)):
         assert "\x1b" not in text
         assert "\r" not in text
         assert "\u202e" not in text
         assert "ok\\n\\x1b[31mjob fake status completed\\r" in text
     assert "\\u202e" in jobs_view.render_job(view)  # the table clips the key at 40 bytes
-    assert len(jobs_view.render_table([view]).splitlines()) == 2
+    assert len(table) == 2
 
 
 def test_release_bumps_the_epoch_keeps_the_steps_and_fences_the_owner() -> None:
@@ -250,26 +254,10 @@ def test_the_replay_summary_counts_what_was_not_replayed_by_reason() -> None:
         result(ReplayOutcome.SKIPPED, "replayed moments ago (3 s); its message may be on its way"),
         result(ReplayOutcome.FAILED, "reset, but publishing failed (Timeout: x); replay it again"),
     ]
-    assert cli_jobs._summary(results, dry_run=False) == [
+    assert cli_replay.summary(results, dry_run=False) == [
         "  skipped 3: running (2), replayed moments ago (1)",
         "  failed 1: reset, but publishing failed (1)",
     ]
-    assert cli_jobs._summary(results[:1], dry_run=True) == [
+    assert cli_replay.summary(results[:1], dry_run=True) == [
         "  dry run: nothing was written or published"
     ]
-
-
-def test_the_progress_bar_keeps_to_one_line_and_prints_notes_above_it(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    terminal = io.StringIO()
-    bar = cli_jobs._Bar(4, terminal)
-    bar.update(1)
-    bar.note("[2/4] k2: skipped: running")
-    bar.update(4)
-    bar.close()
-    assert "\n" not in terminal.getvalue()
-    assert terminal.getvalue().count("\r\x1b[K") == 5  # each draw, the note, the close
-    assert terminal.getvalue().endswith("4/4\r\x1b[K")
-    assert "replaying [" + "#" * 30 + "] 4/4" in terminal.getvalue()
-    assert capsys.readouterr().out == "[2/4] k2: skipped: running\n"
