@@ -20,7 +20,7 @@ revoked, subscription deleted, a non-retryable error) only through its
 future; :class:`Health` holds that future and reads it on every probe, so a
 probe sees the failure the moment it happens.
 
-``/metrics`` needs ``prometheus-client`` (``pip install 'pubsub-worker[prometheus]'``).
+``/metrics`` needs ``prometheus-client`` (``pip install 'pubsub-exactly-once[prometheus]'``).
 Without it the probes answer as above, ``/metrics`` answers 501 with that
 command as its body, and :meth:`MetricsServer.start` logs one warning saying
 so. The server is a ``ThreadingHTTPServer`` in a named daemon thread; it
@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from pubsub_worker._support.distribution import install_line
 from pubsub_worker._support.metrics import BUCKETS_S, Counter, Histogram, Metrics
 
 __all__ = [
@@ -52,7 +53,7 @@ _LOGGER = logging.getLogger("pubsub_worker")
 DEFAULT_HOST = "0.0.0.0"  # noqa: S104 - a probe or scraper reaches a container from outside
 """Where the endpoint listens by default: every interface, as Cloud Run and GKE probes need."""
 
-_INSTALL = "pip install 'pubsub-worker[prometheus]'"
+_INSTALL = install_line("prometheus")
 
 METRICS_UNAVAILABLE = f"/metrics needs prometheus-client: {_INSTALL}"
 """What ``/metrics`` answers (status 501) when ``prometheus-client`` is not installed."""

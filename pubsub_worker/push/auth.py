@@ -49,6 +49,7 @@ import google.auth.transport
 from google.auth import crypt
 from google.oauth2 import id_token
 
+from pubsub_worker._support.distribution import install_line
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.settings import Settings, env_name
 
@@ -72,7 +73,7 @@ _LONGEST_MAX_AGE_S = 24 * 3600.0
 _REFETCH_UNKNOWN_KEY_S = 60.0
 _FETCH_TIMEOUT_S = 10.0
 _MAX_AGE = re.compile(r"max-age=(\d+)")
-_INSTALL = "pip install 'pubsub-worker[push]'"
+_INSTALL = install_line("push")
 _PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 
 

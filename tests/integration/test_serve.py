@@ -222,7 +222,7 @@ def test_the_probes_answer_without_prometheus_client_and_metrics_says_what_to_in
         assert get(port, "/healthz") == (200, "ok\n")
         assert get(port, "/metrics") == (
             501,
-            "/metrics needs prometheus-client: pip install 'pubsub-worker[prometheus]'\n",
+            "/metrics needs prometheus-client: pip install 'pubsub-exactly-once[prometheus]'\n",
         )
     finally:
         if process.poll() is None:
@@ -233,5 +233,5 @@ def test_the_probes_answer_without_prometheus_client_and_metrics_says_what_to_in
     warnings = [r["message"] for r in records if r["level"] == "WARNING"]
     assert warnings == [
         f"serving /livez and /readyz on http://{HOST}:{port}; /metrics answers 501, it needs "
-        "prometheus-client: pip install 'pubsub-worker[prometheus]'"
+        "prometheus-client: pip install 'pubsub-exactly-once[prometheus]'"
     ]
