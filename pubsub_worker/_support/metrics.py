@@ -61,6 +61,9 @@ class Counter(str, Enum):
     """Deliveries given up after a lease without progress (Pub/Sub redelivers them)."""
     STALE_COMMITS = "stale_commits"
     """Conditional writes of this worker rejected because another owner holds the job now."""
+    CLIENT_MODACKS_REFUSED = "client_modacks_refused"
+    """Lease renewals of the stock client refused for a message already acked or redelivered
+    (their log lines are summarised: :mod:`pubsub_worker._support.client_logs`)."""
 
 
 class Histogram(str, Enum):
