@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
-from pubsub_worker._support import client_logs, clients
+from pubsub_worker._support import client_logs, clients, idle
 from pubsub_worker.settings import Settings
 
 from .serve import DEFAULT_HOST, Health, MetricsServer
@@ -165,11 +165,13 @@ def _consume(
         settings.max_messages,
         settings.admitted_messages,
     )
+    reporter = idle.report_idle(settings, wrapped.metrics, wrapped.in_flight)  # "idle: ..." lines
     try:
         while not stop.wait(0.5):
             if streaming.done():  # the stream failed for good
                 streaming.result()
     finally:
+        reporter.stop()
         if endpoint is not None:
             endpoint.health.stopping()
         restore()
