@@ -3,7 +3,7 @@
 TOOLS := .tools
 NOX := $(TOOLS)/bin/nox
 
-.PHONY: demo test compat check samples bench
+.PHONY: demo test compat check samples docs bench
 
 $(NOX):
 	python3 -m venv $(TOOLS)
@@ -23,6 +23,9 @@ check: $(NOX)  ## ruff and mypy --strict
 
 samples: $(NOX)  ## every sample, end to end
 	$(NOX) -s samples
+
+docs: $(NOX)  ## the documentation site in site/ (mkdocs build --strict)
+	$(NOX) -s docs
 
 bench: $(NOX)  ## throughput and memory vs the stock client
 	$(NOX) -s bench

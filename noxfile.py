@@ -1,4 +1,4 @@
-"""Tasks, the same locally and in CI: tests, compat, lint, typecheck, samples, bench, demo."""
+"""Tasks, the same locally and in CI: tests, compat, lint, typecheck, samples, docs, bench, demo."""
 
 from __future__ import annotations
 
@@ -175,6 +175,22 @@ def model(session: nox.Session) -> None:
         "no:cacheprovider",
         env={"PYTHONFAULTHANDLER": "1"},
     )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (docs/ and the API reference from the docstrings) in site/.
+
+    Built with ``--strict``: a warning (a broken link or anchor, a page left out
+    of the navigation, a docstring the reference cannot read) fails the build.
+    ``nox -s docs -- serve`` serves it with live reload instead.
+    """
+    _install(session, "docs")
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}  # the theme's notice about its successor, not a warning
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", "--strict", *session.posargs[1:], env=quiet)
+        return
+    session.run("mkdocs", "build", "--strict", *session.posargs, env=quiet)
 
 
 @nox.session

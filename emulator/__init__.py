@@ -7,7 +7,8 @@
 
 Command line: ``python -m emulator up``. pytest fixtures: :mod:`emulator.pytest_plugin`.
 Fault injection: :class:`TcpProxy`. Pulling a subscription until it stays
-quiet: :func:`drain_messages`.
+quiet: :func:`drain_messages`. Ending the streams the emulator still serves for
+subscribers that are gone: :func:`end_streams`.
 """
 
 from emulator.bootstrap import (
@@ -32,6 +33,7 @@ from emulator.errors import (
 )
 from emulator.faults import TcpProxy
 from emulator.names import subscription_path, topic_path, unique_id
+from emulator.streams import end_streams
 from emulator.topology import (
     DeadLetterSpec,
     PushSpec,
@@ -67,6 +69,7 @@ __all__ = [
     "delete_subscription",
     "docker_available",
     "drain_messages",
+    "end_streams",
     "find_components",
     "load_topology",
     "parse_topology",

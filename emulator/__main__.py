@@ -5,12 +5,19 @@ Starts both emulators, creates the topology (the bundled
 ``export`` lines for a shell and ``ready in N.N s``, then runs in the
 foreground until SIGINT or SIGTERM, stops the emulators and exits 0. Exits
 1 if an emulator dies on its own, 2 if they cannot start.
+
+``python -m emulator end-streams SUBSCRIPTION...`` ends the streaming pulls
+the running Pub/Sub emulator (``PUBSUB_EMULATOR_HOST``) still serves for
+subscribers that are gone (:mod:`emulator.streams`); only while no
+subscriber consumes them. Exits 1 if a subscription could not be reached,
+2 without an emulator host.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -21,8 +28,11 @@ from types import FrameType
 
 from google.api_core.exceptions import GoogleAPICallError
 
+from emulator.bootstrap import subscriber_admin
 from emulator.emulators import DEFAULT_PROJECT, Emulators, start_emulators
 from emulator.errors import EmulatorError
+from emulator.names import subscription_path
+from emulator.streams import end_streams
 from emulator.topology import Topology, load_topology
 
 __all__ = ["main"]
@@ -52,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--timeout", type=float, default=60.0, help="start-up limit, seconds")
     up.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+    end = commands.add_parser(
+        "end-streams",
+        help="end the streams the Pub/Sub emulator serves for subscribers that are gone "
+        "(only while no subscriber consumes)",
+    )
+    end.add_argument(
+        "subscriptions",
+        nargs="+",
+        metavar="SUBSCRIPTION",
+        help="projects/P/subscriptions/S, or S in --project",
+    )
+    end.add_argument(
+        "--project", help="project of a bare subscription id (default $GOOGLE_CLOUD_PROJECT)"
+    )
+    end.add_argument("--host", help="the emulator's HOST:PORT (default $PUBSUB_EMULATOR_HOST)")
     return parser
 
 
@@ -120,13 +145,40 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+def end_streams_command(args: argparse.Namespace) -> int:
+    """Run the ``end-streams`` command; return the exit status."""
+    host = args.host or os.environ.get("PUBSUB_EMULATOR_HOST")
+    if not host:
+        print(
+            "error: end-streams needs the emulator's address: PUBSUB_EMULATOR_HOST or --host "
+            "(it never talks to a real project)",
+            file=sys.stderr,
+        )
+        return 2
+    project = args.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or DEFAULT_PROJECT
+    subscriber = subscriber_admin(host)
+    failed = 0
+    for name in args.subscriptions:
+        path = name if name.startswith("projects/") else subscription_path(project, name)
+        try:
+            end_streams(subscriber, path)
+        except GoogleAPICallError as exc:
+            print(f"error: {path}: {exc}", file=sys.stderr, flush=True)
+            failed += 1
+        else:
+            _print(f"ended the streams of {path} at {host}")
+    return 1 if failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m emulator``; returns the exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "end-streams":
+        return end_streams_command(args)
     return up(args)
 
 

@@ -29,6 +29,7 @@ from benchmarks.chaos.ledger import Ledger
 from benchmarks.chaos.options import Options
 from benchmarks.chaos.schedule import Fault
 from benchmarks.chaos.verify import Evidence, verify
+from emulator import end_streams
 
 __all__ = [
     "account",
@@ -57,12 +58,7 @@ def left_unacked(subscriber: Any, subscription: str, *, wait_s: float) -> list[s
     """
     # A dead worker's stream can stay registered at the emulator and swallow a
     # redelivery; turning the subscription into a push one for an instant ends them all.
-    push = {"push_endpoint": "http://127.0.0.1:9/stale-stream-reaper"}
-    for config in (push, {}):
-        subscriber.modify_push_config(
-            request={"subscription": subscription, "push_config": config}, timeout=10
-        )
-        time.sleep(0.2)
+    end_streams(subscriber, subscription)
     left: list[str] = []
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

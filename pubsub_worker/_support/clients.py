@@ -20,6 +20,7 @@ from pubsub_worker.errors import ConfigError, LimitExceeded, Unreachable
 from pubsub_worker.settings import Settings
 
 from . import limits
+from .emulator_channel import half_closing
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -80,10 +81,15 @@ def _emulator(settings: Settings | None, name: str) -> str | None:
 
 
 def subscriber_client(settings: Settings | None = None) -> pubsub_v1.SubscriberClient:
-    """A subscriber whose channel accepts large exactly-once error trailers."""
+    """A subscriber whose channel accepts large exactly-once error trailers.
+
+    On the emulator its streaming pulls end with a half-close: the emulator
+    ignores a cancel (:mod:`pubsub_worker._support.emulator_channel`).
+    """
     host = _emulator(settings, "pubsub_emulator_host")
     if host:
-        channel = grpc.insecure_channel(host, options=list(CHANNEL_OPTIONS))
+        # The emulator keeps a cancelled stream taking messages: end each by a half-close.
+        channel = half_closing(grpc.insecure_channel(host, options=list(CHANNEL_OPTIONS)))
         return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
 
     def make_channel(*args: Any, options: Any = (), **kwargs: Any) -> grpc.Channel:

@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from . import client_logs
+
 __all__ = [
     "KEY_SHOWN_BYTES",
     "JobLogger",
@@ -253,7 +255,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(fmt: str = "text", level: int = logging.INFO) -> None:
-    """Configure the root logger for a worker process (``text`` or ``json`` lines)."""
+    """Configure the root logger for a worker process (``text`` or ``json`` lines).
+
+    The stock client's refused lease modacks become one counted line per
+    interval instead of a traceback each (:mod:`pubsub_worker._support.client_logs`).
+    """
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -262,3 +268,4 @@ def configure(fmt: str = "text", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    client_logs.install()

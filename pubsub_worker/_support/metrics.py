@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
@@ -80,6 +81,11 @@ class Counter(_Described):
         "failure_path_errors",
         "Attempts to send a message to the failure path that failed (it is deferred, not lost).",
     )
+    CLIENT_MODACKS_REFUSED = (
+        "client_modacks_refused",
+        "Lease renewals of the stock client refused for a message already acked or "
+        "redelivered (their log lines are summarised: pubsub_worker._support.client_logs).",
+    )
     STALLED = (
         "stalled",
         "Deliveries given up after a lease without progress (Pub/Sub redelivers them).",
@@ -146,8 +152,9 @@ class Metrics:
     """Thread-safe counters plus gauges read from callbacks."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _counts
+        self._lock = threading.Lock()  # guards _counts and _last_at
         self._counts: dict[Counter, int] = dict.fromkeys(Counter, 0)
+        self._last_at: dict[Counter, float] = {}
         self._gauges: dict[str, Callable[[], float]] = {}
         self._descriptions: dict[str, str] = {}
         self._histograms: dict[Histogram, HistogramSnapshot] = {
@@ -183,8 +190,10 @@ class Metrics:
 
     def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
         """Add ``amount`` to ``counter``."""
+        now = time.time()
         with self._lock:
             self._counts[counter] += amount
+            self._last_at[counter] = now
         if self._meter is not None and _provider_set():
             self._otel[counter].add(amount, attributes)
 
@@ -227,6 +236,11 @@ class Metrics:
         """The current value of one counter."""
         with self._lock:
             return self._counts[counter]
+
+    def last_at(self, counter: Counter) -> float | None:
+        """When ``counter`` last grew (seconds since the epoch), or None: never."""
+        with self._lock:
+            return self._last_at.get(counter)
 
     def snapshot(self) -> dict[str, float]:
         """Every counter and gauge by name."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
-from pubsub_worker._support import clients
+from pubsub_worker._support import client_logs, clients, idle
 from pubsub_worker.settings import Settings
 
 from .serve import DEFAULT_HOST, Health, MetricsServer
@@ -141,6 +141,7 @@ def _consume(
 ) -> int:
     # Drained below, before the stream closes; a conclusion for every message admitted.
     wrapped.start(settings, conclude_off_thread=True, concluding_threads=settings.admitted_messages)
+    client_logs.install(wrapped.metrics)  # the stock client's refused modacks: a counted line
     stop = stop or threading.Event()
     restore = _on_stop_signals(stop)
     executor = ThreadPoolExecutor(
@@ -164,11 +165,13 @@ def _consume(
         settings.max_messages,
         settings.admitted_messages,
     )
+    reporter = idle.report_idle(settings, wrapped.metrics, wrapped.in_flight)  # "idle: ..." lines
     try:
         while not stop.wait(0.5):
             if streaming.done():  # the stream failed for good
                 streaming.result()
     finally:
+        reporter.stop()
         if endpoint is not None:
             endpoint.health.stopping()
         restore()

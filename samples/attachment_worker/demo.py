@@ -4,10 +4,13 @@
 starts the Pub/Sub and Firestore emulators, creates the topology of
 ``topology.toml``, publishes a handful of attachments (one operation published
 twice, one malformed), runs the worker in this process until every job is
-completed or failed, prints a summary and stops everything. Nothing to
-configure. Exit status 0 when each valid operation was announced downstream
-exactly once and the malformed one reached the failure path; 1 otherwise;
-2 when the emulators cannot start.
+completed or failed, prints a summary and what ``pubsub-worker jobs list``
+shows of its jobs (the exact command, with the variables it needs), and stops
+everything. Nothing to configure. With ``--keep`` the emulators stay up after
+that until Ctrl-C, so that the printed command, and the other jobs commands,
+can be run from another shell. Exit status 0 when each valid operation was
+announced downstream exactly once and the malformed one reached the failure
+path; 1 otherwise; 2 when the emulators cannot start.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import argparse
 import base64
 import json
 import logging
+import os
 import random
+import shlex
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -30,11 +37,18 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.cloud import firestore
 
 import pubsub_worker
-from emulator import EmulatorError, Emulators, drain_messages, load_topology, start_emulators
+from emulator import (
+    Bootstrapped,
+    EmulatorError,
+    Emulators,
+    drain_messages,
+    load_topology,
+    start_emulators,
+)
 
 from .worker import OUTPUT_COLLECTION, OUTPUT_TOPIC, card_settings, make_handler
 
-__all__ = ["Summary", "main", "run_demo", "sample_attachments"]
+__all__ = ["Summary", "jobs_command", "main", "run_demo", "sample_attachments"]
 
 PROJECT = "attachment-demo"
 TOPOLOGY = Path(__file__).with_name("topology.toml")
@@ -140,7 +154,59 @@ def run_demo(emu: Emulators, out: Callable[[str], None] = print) -> Summary:
     summary.stored = sum(1 for _ in outputs.stream())
     client.close()  # type: ignore[no-untyped-call]
     _print_summary(summary, out)
+    _show_jobs(emu, made, out)
     return summary
+
+
+def jobs_command(
+    emu: Emulators, made: Bootstrapped, *args: str
+) -> tuple[dict[str, str], list[str]]:
+    """The variables and the ``pubsub-worker jobs ARGS`` command that read the demo's jobs.
+
+    The variables are the emulators' and the worker's own settings (the jobs
+    commands read the same ones); the command is this environment's
+    ``pubsub-worker``.
+    """
+    env = {
+        **emu.env(),
+        "PUBSUB_WORKER_SUBSCRIPTION": made.subscriptions["attachments-worker"].rsplit("/", 1)[1],
+        "PUBSUB_WORKER_COLLECTION": JOBS_COLLECTION,
+    }
+    script = Path(sys.executable).with_name("pubsub-worker")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "pubsub_worker.cli"]
+    return env, [*command, "jobs", *args]
+
+
+def _shown(env: dict[str, str], command: list[str]) -> str:
+    """``command`` as one line for a shell, its variables first, paths relative when shorter."""
+    here = Path.cwd()
+
+    def short(word: str) -> str:
+        path = Path(word)
+        if path.is_absolute() and path.is_relative_to(here):
+            return str(path.relative_to(here))
+        return word
+
+    words = [f"{name}={shlex.quote(value)}" for name, value in env.items()]
+    return " ".join([*words, *(shlex.quote(short(word)) for word in command)])
+
+
+def _show_jobs(emu: Emulators, made: Bootstrapped, out: Callable[[str], None]) -> None:
+    """Run ``pubsub-worker jobs list`` as a user would, and print the command and what it said."""
+    env, command = jobs_command(emu, made, "list")
+    out("")
+    out("the jobs, as the jobs commands show them (the same PUBSUB_WORKER_* variables):")
+    out(f"$ {_shown(env, command)}")
+    listed = subprocess.run(
+        command,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    for line in (listed.stdout + listed.stderr).splitlines():
+        out(line)
 
 
 def _wait(
@@ -213,6 +279,11 @@ def _print_summary(summary: Summary, out: Callable[[str], None]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m samples.attachment_worker.demo")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the worker's log")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the emulators up after the summary, for the jobs commands, until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
@@ -230,8 +301,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         emu.export_env()  # the clients find the emulators through these variables
         print(f"  ready in {emu.startup_s:.1f} s", flush=True)
         summary = run_demo(emu, out=lambda line: print(line, flush=True))
+        if args.keep:
+            _keep(emu)
+        else:
+            print("")
+            print(
+                "the emulators stop now; `.tools/bin/nox -s demo -- --keep` (or `--keep` on this "
+                "command) keeps them up to look around"
+            )
     print("emulators stopped")
     return 0 if summary.ok else 1
+
+
+def _keep(emu: Emulators) -> None:
+    """Keep the emulators up until SIGINT/SIGTERM, saying what to run meanwhile."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    made = emu.bootstrap(load_topology(TOPOLOGY))  # the same topology: nothing is created
+    env, show = jobs_command(emu, made, "show", "op-1006")
+    print("")
+    print("the emulators stay up; in another shell, for example:")
+    print(f"  {_shown(env, show)}")
+    _, failed = jobs_command(emu, made, "list", "--status", "failed")
+    print(f"  {_shown(env, failed)}")
+    print("or export the variables once:")
+    for name, value in env.items():
+        print(f"  export {name}={shlex.quote(value)}")
+    print("Ctrl-C to stop", flush=True)
+    stop.wait()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -158,3 +161,41 @@ def test_the_demo_announces_every_operation_exactly_once(emulators: Emulators) -
     assert list(summary.failed) == ["op-1006"]
     assert sum(summary.downstream.values()) == 5
     assert "exactly one per operation id" in "\n".join(lines)
+    # Its end shows the jobs as `pubsub-worker jobs list` does, and the command that did it.
+    shown = lines[lines.index("") + 1 :]
+    command = next(line for line in shown if line.startswith("$ "))
+    assert command.endswith(" jobs list")
+    assert f"PUBSUB_EMULATOR_HOST={emulators.pubsub_host} " in command
+    statuses = {line.split()[0]: line.split()[1] for line in shown if line.startswith("op-")}
+    assert statuses == {**dict.fromkeys(summary.valid, "completed"), "op-1006": "failed"}
+    assert shown[-1].startswith("6 job(s) on projects/")
+
+
+def test_the_demo_kept_up_answers_the_jobs_commands_it_prints() -> None:
+    """``--keep``: the printed command, run in another shell, shows the demo's failed job."""
+    demo_run = subprocess.Popen(
+        [sys.executable, "-m", "samples.attachment_worker.demo", "--keep"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert demo_run.stdout is not None
+        printed: list[str] = []
+        for line in demo_run.stdout:
+            printed.append(line.rstrip("\n"))
+            if line.startswith("Ctrl-C to stop"):
+                break
+        told = printed[printed.index("the emulators stay up; in another shell, for example:") + 1]
+        assert told.strip().endswith(" jobs show op-1006")
+        shown = subprocess.run(
+            ["bash", "-c", told], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("job op-1006\n")
+        assert "  status       failed (epoch 1, attempts 1)" in shown.stdout
+    finally:
+        demo_run.send_signal(signal.SIGINT)
+        rest, _ = demo_run.communicate(timeout=60)
+    assert demo_run.returncode == 0, "\n".join(printed) + rest
+    assert rest.rstrip().endswith("emulators stopped")

@@ -32,6 +32,7 @@ def test_all_is_sorted_and_complete() -> None:
         "delete_subscription",
         "docker_available",
         "drain_messages",
+        "end_streams",
         "find_components",
         "load_topology",
         "parse_topology",

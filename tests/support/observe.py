@@ -1,15 +1,17 @@
 """What a crash-window test reads back: job documents, and what Pub/Sub still holds.
 
 A quirk of the Pub/Sub emulator shapes the Pub/Sub-side checks. When a
-client dies without closing its streaming pull (SIGKILL, a cut connection;
-sometimes even a clean close), the emulator never notices: that stream's push
+client goes without half-closing its streaming pull (SIGKILL, a cut
+connection, or a close that cancels it, as the stock client's does), the
+emulator never notices: that stream's push
 loop keeps taking messages from the subscription every 50 ms and writes
 them into the void. Each message it takes stays leased for an ack deadline,
 then the loop may take it again. Measured here: after a SIGKILL, a live
 worker got the redelivery after 10 s in 15 of 26 runs, else after 20, 30, 60
 or 80 s; a synchronous pull never got it within 45 s. The loop ends only when
-the subscription stops being a pull subscription, which
-:func:`end_stale_streams` makes happen for an instant. With no stale stream
+the subscription stops being a pull subscription (or the stream's deadline
+passes, 30 minutes after it opened), which :func:`end_stale_streams`
+(:func:`emulator.end_streams`) makes happen for an instant. With no stale stream
 left, a redelivery comes exactly one ack deadline (10.0-10.1 s) after the
 last lease extension, and a synchronous pull sees it.
 """
@@ -19,8 +21,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from emulator import end_streams
 from pubsub_worker._job.keys import document_id
 from tests.support.processes import Effects, Worker
+
+end_stale_streams = end_streams
+"""Ends every stream of a subscription at the emulator (only while no worker consumes it)."""
 
 REDELIVERY_MARGIN_S = 2.0
 """Added to the lease when waiting for a redelivery that must not come."""
@@ -39,25 +45,6 @@ def job_document(
 def step_epochs(doc: dict[str, Any]) -> dict[str, int]:
     """``{step name: epoch of the owner that recorded it}``."""
     return {name: int(record["epoch"]) for name, record in (doc.get("steps") or {}).items()}
-
-
-def end_stale_streams(subscriber: Any, subscription_path: str) -> None:
-    """End every streaming pull of the subscription at the emulator (see the module docstring).
-
-    Turns the subscription into a push subscription (to a closed port) for
-    0.2 s and back. Every stream ends with ``FAILED_PRECONDITION``, and a live
-    client gives up on such an error: call this only while no worker
-    consumes the subscription (before starting the next one, or after
-    killing the last). Leases, backlog and exactly-once delivery are kept.
-    """
-    push = {"push_endpoint": "http://127.0.0.1:9/stale-stream-reaper"}
-    subscriber.modify_push_config(
-        request={"subscription": subscription_path, "push_config": push}, timeout=10
-    )
-    time.sleep(0.2)  # each push loop checks the subscription every 50 ms
-    subscriber.modify_push_config(
-        request={"subscription": subscription_path, "push_config": {}}, timeout=10
-    )
 
 
 def pull_now(subscriber: Any, subscription_path: str, *, ack: bool = True) -> list[Any]:

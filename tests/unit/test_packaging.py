@@ -153,6 +153,7 @@ def test_sdist_carries_tests_samples_benchmarks_and_docs(built: Built) -> None:
         "CHANGELOG.md",
         "noxfile.py",
         "Makefile",
+        "mkdocs.yml",
         "pyproject.toml",
     ):
         assert wanted in top_level, wanted
