@@ -153,20 +153,24 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-def report_idle(settings: Settings, metrics: Metrics, in_flight: Callable[[], int]) -> IdleReporter:
+def report_idle(
+    settings: Settings, metrics: Metrics, in_flight: Callable[[], int], *, pull: bool = True
+) -> IdleReporter:
     """A started reporter for a worker of ``settings.subscription_path``.
 
     Its last message is the last time ``metrics`` counted one received
     (:attr:`~pubsub_worker._support.metrics.Counter.RECEIVED`); ``in_flight``
     says how many jobs it has in hand. Against the emulator the line carries
-    :data:`EMULATOR_HINT`. Stop it with :meth:`IdleReporter.stop`.
+    :data:`EMULATOR_HINT` (``pull``: a push endpoint holds no stream). Stop it with
+    :meth:`IdleReporter.stop`.
     """
     subscription = settings.subscription_path
 
     def activity() -> Activity:
         return Activity(subscription, in_flight(), metrics.last_at(Counter.RECEIVED))
 
-    hint = EMULATOR_HINT.format(subscription=subscription) if settings.pubsub_emulator_host else ""
+    emulated = pull and settings.pubsub_emulator_host
+    hint = EMULATOR_HINT.format(subscription=subscription) if emulated else ""
     reporter = IdleReporter(activity, hint=hint)
     reporter.start()
     return reporter

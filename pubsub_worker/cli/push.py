@@ -30,6 +30,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from pubsub_worker._support import idle
 from pubsub_worker._support.distribution import install_line
 from pubsub_worker._worker.serve import DEFAULT_HOST, Health, MetricsServer
 from pubsub_worker.errors import ConfigError
@@ -125,9 +126,13 @@ def cmd_push(args: argparse.Namespace, out: Output) -> int:
     # so that a SIGTERM ends the command with 0, as `run` does.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
+    reporter = idle.report_idle(
+        settings, app.deliveries.metrics, app.deliveries.engine.in_flight, pull=False
+    )  # "idle: ..." lines while no request arrives
     try:
         server.run()
     finally:
+        reporter.stop()
         serving.set_result(None)
         if metrics is not None:
             metrics.stop()
