@@ -45,6 +45,9 @@ _CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
 
 _RESOURCE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$")
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9\-:.]{1,61}[a-z0-9]$|^[a-z][a-z0-9\-]{0,4}$")
+REPLAY_SUFFIX = "-replay"
+"""What names a subscription's replay topic and subscription after it."""
+
 _FULL_PATH = re.compile(
     r"^projects/(?P<project>[^/]+)/(?P<kind>subscriptions|topics)/(?P<id>[^/]+)$"
 )
@@ -344,6 +347,22 @@ class Settings(BaseSettings):
                 f"{env_name('subscription')} is not set (accepted: {_ACCEPTS['subscription']})"
             )
         return _resolve(self.subscription, "subscriptions", self.project, "subscription")
+
+    @property
+    def replay_subscription_path(self) -> str:
+        """Where replays of this subscription's failed jobs arrive: ``<SUBSCRIPTION>-replay``.
+
+        A subscription of its own topic (``<SUBSCRIPTION ID>-replay`` too), which the same
+        worker consumes beside its own, so that a replay reaches this subscription and no
+        sibling of its topic (``pubsub-worker jobs replay-setup`` makes both).
+        """
+        return self.subscription_path + REPLAY_SUFFIX
+
+    @property
+    def replay_topic_path(self) -> str:
+        """The topic of :attr:`replay_subscription_path`: ``projects/P/topics/<ID>-replay``."""
+        project, _, sub_id = self.subscription_path.split("/")[1:4]
+        return f"projects/{project}/topics/{sub_id}{REPLAY_SUFFIX}"
 
     @property
     def failure_topic_path(self) -> str | None:

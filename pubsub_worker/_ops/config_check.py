@@ -44,6 +44,7 @@ from pubsub_worker._support import clients
 from pubsub_worker.errors import ConfigError, Unreachable
 from pubsub_worker.settings import Settings
 
+from . import replay_route
 from .config_report import (
     EXEMPT_FIELDS,
     exemption_hints,
@@ -265,6 +266,7 @@ def run_checks(
         dead_letter = subscription.dead_letter_policy.dead_letter_topic
         if dead_letter:
             checks.append(_topic_exists("dead-letter topic", dead_letter, publisher))
+        checks.append(_replay(settings, subscriber, publisher))
     checks.append(_failure_topic(settings, publisher))
     checks.append(_firestore(settings, firestore_client))
     checks.extend(_firestore_setup(settings, admin))
@@ -290,6 +292,17 @@ def _topic_exists(name: str, topic: str, publisher: Any) -> Check:
     if isinstance(found, Check):
         return Check(name, found.level, f"{topic} {found.detail}")
     return Check(name, Level.OK, f"{topic} exists")
+
+
+def _replay(settings: Settings, subscriber: Any, publisher: Any) -> Check:
+    """How replay is set up: only to this subscription (ok), or it would fan out (warning)."""
+    found = _read(
+        lambda: replay_route.explain(settings, subscriber=subscriber, publisher=publisher)
+    )
+    if isinstance(found, Check):
+        return Check("replay", Level.WARNING, f"cannot tell: {found.detail}")
+    only, detail = found
+    return Check("replay", Level.OK if only else Level.WARNING, detail)
 
 
 def _failure_topic(settings: Settings, publisher: Any) -> Check:

@@ -391,8 +391,8 @@ def _is_wrapped(handler: Any) -> bool:
 def _wrong_subscription(subscription: str | None, settings: Settings) -> str | None:
     """Why a message of ``subscription`` cannot be recorded under the settings' one, if so."""
     expected = settings.subscription_path
-    if subscription is None or subscription == expected:
-        return None
+    if subscription in (None, expected, settings.replay_subscription_path):
+        return None  # its own, or its replays (recorded under its own)
     return (
         f"the message comes from {subscription}, but this worker records its jobs under "
         f"{expected} (PUBSUB_WORKER_SUBSCRIPTION): a job of one subscription would be taken "

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 import google.cloud.pubsub_v1 as pubsub_v1
+from google.api_core import exceptions as gexc
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
 from pubsub_worker._support import client_logs, clients, idle
@@ -147,13 +148,17 @@ def _consume(
     executor = ThreadPoolExecutor(
         max_workers=settings.max_messages, thread_name_prefix="pubsub-worker"
     )
-    streaming = subscriber.subscribe(
-        settings.subscription_path,
-        callback=wrapped,
-        flow_control=flow_control(settings),
-        scheduler=ReceiptScheduler(executor, wrapped),
-        await_callbacks_on_shutdown=True,
-    )
+    streams = [
+        subscriber.subscribe(
+            path,
+            callback=wrapped,
+            flow_control=flow_control(settings),
+            scheduler=ReceiptScheduler(executor, wrapped),
+            await_callbacks_on_shutdown=True,
+        )
+        for path in (settings.subscription_path, *_replays(settings, subscriber))
+    ]
+    streaming = streams[0]
     if endpoint is not None:
         endpoint.metrics = wrapped.metrics
         endpoint.health.running(cast("Future[Any]", streaming))
@@ -168,20 +173,37 @@ def _consume(
     reporter = idle.report_idle(settings, wrapped.metrics, wrapped.in_flight)  # "idle: ..." lines
     try:
         while not stop.wait(0.5):
-            if streaming.done():  # the stream failed for good
-                streaming.result()
+            for stream in streams:
+                if stream.done():  # the stream failed for good
+                    stream.result()
     finally:
         reporter.stop()
         if endpoint is not None:
             endpoint.health.stopping()
         restore()
-        _shutdown(wrapped, streaming, settings)
+        _shutdown(wrapped, streams, settings)
         subscriber.close()
     return 0
 
 
-def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
-    """The engine's shutdown, with the stream closed once every ack is sent."""
+def _replays(settings: Settings, subscriber: pubsub_v1.SubscriberClient) -> list[str]:
+    """The replay subscription, consumed beside the worker's own when it exists."""
+    path = settings.replay_subscription_path
+    try:
+        subscriber.get_subscription(request={"subscription": path}, timeout=10.0)
+    except gexc.NotFound:
+        _LOGGER.info(
+            "no replay subscription %s: `pubsub-worker jobs replay` refuses until "
+            "`pubsub-worker jobs replay-setup` makes it",
+            path,
+        )
+        return []
+    _LOGGER.info("consuming the replays of failed jobs too, from %s", path)
+    return [path]
+
+
+def _shutdown(wrapped: ExactlyOnce, streams: list[Any], settings: Settings) -> None:
+    """The engine's shutdown, with the streams closed once every ack is sent."""
     engine = wrapped.engine
     grace = settings.shutdown_grace_seconds
     _LOGGER.info("stopping: no new messages; %d in flight get %.0f s", wrapped.in_flight(), grace)
@@ -190,11 +212,13 @@ def _shutdown(wrapped: ExactlyOnce, streaming: Any, settings: Settings) -> None:
     # own delivery, and the conclusions already handed off are waited for.
     if not wrapped.drain(grace):
         _LOGGER.warning("conclusions still under way after %.0f s", grace)
-    streaming.cancel()  # stops pulling; waits for callbacks (they still ack) before closing
-    try:
-        streaming.result(timeout=grace + _AFTER_GRACE_S)
-    except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever the stream says
-        _LOGGER.warning("subscriber did not close cleanly: %s", exc)
+    for streaming in streams:
+        streaming.cancel()  # stops pulling; waits for callbacks (they still ack) before closing
+    for streaming in streams:
+        try:
+            streaming.result(timeout=grace + _AFTER_GRACE_S)
+        except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever the stream says
+            _LOGGER.warning("subscriber did not close cleanly: %s", exc)
     engine.finish_shutdown(timeout_s=1.0)
 
 

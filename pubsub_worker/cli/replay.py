@@ -3,10 +3,17 @@
 What a replay does with each job is :mod:`pubsub_worker._ops.replay`. Given
 keys, every key must name a job of the subscription: one that does not is
 named on one line, nothing is replayed, and the command exits 4. Each job is
-one line, ``[i/N] KEY: replayed`` (``would replay`` with ``--dry-run``,
-``skipped: <why>``, ``failed: <why>``), then a summary: ``replayed N of M
-job(s) to TOPIC`` (``would replay ...`` and ``dry run: nothing was written or
-published`` with ``--dry-run``) and the skipped and failed ones by reason.
+one line, ``[i/N] KEY: replayed`` (``would replay to TOPIC`` with
+``--dry-run``, ``skipped: <why>``, ``failed: <why>``), then a summary:
+``replayed N of M job(s) to TOPIC (reaches only SUBSCRIPTION)`` (``would
+replay ...`` and ``dry run: nothing was written or published`` with
+``--dry-run``) and the skipped and failed ones by reason.
+
+Replays go to the subscription's replay topic, which only its own worker
+reads (:mod:`pubsub_worker._ops.replay_route`; ``jobs replay-setup`` makes
+it); without one the command refuses (exit 2) rather than reach every
+subscription of the topic. ``--fan-out`` publishes to the subscription's
+topic (every subscription of it gets the message), ``--topic T`` to T.
 From ten jobs on, a terminal shows a progress bar instead and prints only the
 jobs that were not replayed. Exit 1 unless every job was (or would be)
 replayed. ``--output json`` prints one document at the end.
@@ -20,6 +27,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from pubsub_worker._ops import replay_route
 from pubsub_worker._ops.replay import (
     ReplayOutcome,
     ReplayResult,
@@ -35,7 +43,7 @@ from . import environment
 from .exit_codes import ExitCode
 from .output import Output
 
-__all__ = ["cmd_replay", "register", "summary"]
+__all__ = ["cmd_replay", "cmd_replay_setup", "register", "summary"]
 
 _DONE = (ReplayOutcome.REPLAYED, ReplayOutcome.DRY_RUN)
 
@@ -45,17 +53,51 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("replay", help="republish failed jobs; done steps are skipped")
     parser.add_argument("keys", nargs="*", metavar="KEY")
     parser.add_argument("--all-failed", action="store_true", help="every failed job")
-    parser.add_argument("--topic", help="topic to publish to (default: the subscription's)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--fan-out",
+        action="store_true",
+        help="publish to the subscription's topic: EVERY subscription of it gets the message",
+    )
+    where.add_argument("--topic", help="publish to this topic (default: the replay topic)")
     parser.add_argument(
         "--dry-run", action="store_true", help="say what would be replayed; write nothing"
     )
     environment.add_operator_options(parser)
     parser.set_defaults(func=cmd_replay)
+    setup = commands.add_parser(
+        "replay-setup",
+        help="make the replay topic and subscription, so replays reach this subscription only",
+    )
+    environment.add_operator_options(setup)
+    setup.set_defaults(func=cmd_replay_setup)
 
 
-def _verdict(result: ReplayResult) -> str:
+def cmd_replay_setup(args: argparse.Namespace, out: Output) -> int:
+    """``jobs replay-setup``: the replay topic and subscription (idempotent)."""
+    settings = environment.settings_from(args)
+    subscriber = clients.subscriber_client(settings)
+    try:
+        made = replay_route.setup(
+            settings, subscriber=subscriber, publisher=clients.publisher_client(settings)
+        )
+    finally:
+        subscriber.close()
+    if args.output == "json":
+        out.document({"made": made, "subscription": settings.replay_subscription_path})
+        return ExitCode.OK
+    for name in made:
+        out.line(f"made {name}")
+    out.line(
+        f"replays of {settings.subscription_path} go to {settings.replay_topic_path}; "
+        f"its worker consumes {settings.replay_subscription_path} beside its own"
+    )
+    return ExitCode.OK
+
+
+def _verdict(result: ReplayResult, topic: str) -> str:
     if result.kind is ReplayOutcome.DRY_RUN:
-        return "would replay"
+        return f"would replay to {topic}"
     return printable(result.outcome, None)
 
 
@@ -73,15 +115,20 @@ def cmd_replay(args: argparse.Namespace, out: Output) -> int:
         named = ", ".join(printable(key) for key in unknown)
         out.error(f"no job {named} on {subscription}: nothing was replayed")
         return ExitCode.NOT_FOUND
+    publisher = clients.publisher_client(settings)
     if args.topic:
         target = settings.topic_path(args.topic)
+        where = f"to {target}"
     else:
         subscriber = clients.subscriber_client(settings)
         try:
-            target = clients.read_subscription(subscriber, settings).topic
+            found = replay_route.route(
+                settings, subscriber=subscriber, publisher=publisher, fan_out=args.fan_out
+            )
         finally:
             subscriber.close()
-    publish = clients.publisher_function(clients.publisher_client(settings))
+        target, where = found.topic, found.describe()
+    publish = clients.publisher_function(publisher)
     total = len(jobs)
     text = args.output != "json"
 
@@ -91,7 +138,7 @@ def cmd_replay(args: argparse.Namespace, out: Output) -> int:
             if not text:
                 return
             line = f"[{index}/{total}] {printable(result.job.key or result.job.doc_id)}: "
-            line += _verdict(result)
+            line += _verdict(result, target)
             if bar is None:
                 out.line(line)
             else:
@@ -113,6 +160,7 @@ def cmd_replay(args: argparse.Namespace, out: Output) -> int:
         out.document(
             {
                 "topic": target,
+                "reaches": where,
                 "dry_run": args.dry_run,
                 "total": total,
                 "replayed": done,
@@ -129,7 +177,7 @@ def cmd_replay(args: argparse.Namespace, out: Output) -> int:
         )
         return code
     verb = "would replay" if args.dry_run else "replayed"
-    out.line(f"{verb} {done} of {total} job(s) to {target}")
+    out.line(f"{verb} {done} of {total} job(s) {where}")
     for line in summary(results, dry_run=args.dry_run):
         out.line(line)
     return code
