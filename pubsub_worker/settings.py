@@ -13,7 +13,6 @@ shutdown grace is :data:`CLOUD_RUN_GRACE_S` unless its variable is set.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Mapping
@@ -23,18 +22,25 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ._attributes import DEFAULT_OUTBOX_KEY_ATTRIBUTE, LIBRARY_ATTRIBUTE_PREFIX
+from ._variables import (
+    ACCEPTS,
+    ENV_PREFIX,
+    FULL_PATH,
+    PROJECT_ID,
+    REPLAY_SUFFIX,
+    UNPREFIXED,
+    env_name,
+    resolve,
+)
 from .errors import ConfigError
 
 __all__ = [
     "CLOUD_RUN_GRACE_S",
-    "ENV_PREFIX",
     "Settings",
     "cloud_run",
-    "env_name",
     "platform_overrides",
 ]
 
-ENV_PREFIX = "PUBSUB_WORKER_"
 
 CLOUD_RUN_GRACE_S = 5.0
 """``SHUTDOWN_GRACE_SECONDS`` on Cloud Run unless set: it sends SIGKILL 10 s after SIGTERM,
@@ -43,71 +49,9 @@ and the rest of those 10 s is for jobs to reach a step boundary, be released and
 _CLOUD_RUN_MARKERS = ("CLOUD_RUN_WORKER_POOL", "K_SERVICE", "CLOUD_RUN_JOB")
 """Variables Cloud Run sets in a worker pool, a service and a job."""
 
-_RESOURCE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$")
-_PROJECT_ID = re.compile(r"^[a-z][a-z0-9\-:.]{1,61}[a-z0-9]$|^[a-z][a-z0-9\-]{0,4}$")
-REPLAY_SUFFIX = "-replay"
-"""What names a subscription's replay topic and subscription after it."""
-
-_FULL_PATH = re.compile(
-    r"^projects/(?P<project>[^/]+)/(?P<kind>subscriptions|topics)/(?P<id>[^/]+)$"
-)
 _EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]+$")
 _SPACE = re.compile(r"\s")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
-
-# What each variable accepts, for error messages.
-_ACCEPTS: dict[str, str] = {
-    "subscription": "projects/PROJECT/subscriptions/ID, or an ID with GOOGLE_CLOUD_PROJECT set",
-    "project": "a Google Cloud project id (lowercase letters, digits, hyphens)",
-    "collection": (
-        "a Firestore collection id: no '/', not '.', '..' or __name__, at most 1500 bytes"
-    ),
-    "key_attribute": "a message attribute name, 1 to 256 characters",
-    "lease_seconds": "whole seconds from 10 to 600 (Pub/Sub's ack deadline range)",
-    "max_processing_seconds": "whole seconds from 10 to 86400, at least LEASE_SECONDS",
-    "max_attempts": "a whole number from 1 to 100",
-    "failure_topic": "projects/PROJECT/topics/ID, or a topic ID with GOOGLE_CLOUD_PROJECT set",
-    "allow_at_least_once": "true or false",
-    "max_messages": "a whole number from 1 to 1000",
-    "prefetch_messages": "a whole number from 0 to 1000, at most MAX_MESSAGES",
-    "ack_timeout_seconds": "seconds from 1 to 600",
-    "shutdown_grace_seconds": "seconds from 0 to 3600",
-    "retention_days": "whole days from 1 to 3650",
-    "outbox_key_attribute": (
-        "a message attribute name, 1 to 256 bytes, not starting with 'goog' or "
-        f"{LIBRARY_ATTRIBUTE_PREFIX!r} (the library's own attributes)"
-    ),
-    "log_format": "text or json",
-    "push_audience": (
-        "the audience of the push subscription's OIDC token (its --push-auth-token-audience, "
-        "by default the push endpoint's URL): 1 to 2048 characters, no spaces"
-    ),
-    "push_verify_token": (
-        "true or false (false only against the emulators, or with "
-        "PUBSUB_WORKER_PUSH_ALLOW_UNVERIFIED=true)"
-    ),
-    "push_allow_unverified": (
-        "true or false (true only where something else authenticates every request, such as "
-        "Cloud Run's IAM invoker check)"
-    ),
-    "push_service_account": (
-        "the email of the service account the push subscription signs its tokens as "
-        "(its --push-auth-service-account)"
-    ),
-    "pubsub_emulator_host": "HOST:PORT",
-    "firestore_emulator_host": "HOST:PORT",
-}
-
-_UNPREFIXED = {
-    "project": "GOOGLE_CLOUD_PROJECT",
-    "pubsub_emulator_host": "PUBSUB_EMULATOR_HOST",
-    "firestore_emulator_host": "FIRESTORE_EMULATOR_HOST",
-}
-
-
-def env_name(field: str) -> str:
-    """The environment variable that sets ``field``."""
-    return _UNPREFIXED.get(field, ENV_PREFIX + field.upper())
 
 
 def cloud_run(environ: Mapping[str, str]) -> str | None:
@@ -284,7 +228,7 @@ class Settings(BaseSettings):
     @field_validator("project")
     @classmethod
     def _check_project(cls, value: str | None) -> str | None:
-        if value is not None and not _PROJECT_ID.match(value):
+        if value is not None and not PROJECT_ID.match(value):
             raise ValueError("not a valid project id")
         return value
 
@@ -313,7 +257,7 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if value is not None:
                 kind = "subscriptions" if name == "subscription" else "topics"
-                _resolve(value, kind, self.project, name)
+                resolve(value, kind, self.project, name)
         return self
 
     # -- derived values -----------------------------------------------------------
@@ -335,18 +279,18 @@ class Settings(BaseSettings):
         """The project: ``GOOGLE_CLOUD_PROJECT``, else the one in ``SUBSCRIPTION``."""
         if self.project:
             return self.project
-        if self.subscription and (match := _FULL_PATH.match(self.subscription)):
+        if self.subscription and (match := FULL_PATH.match(self.subscription)):
             return match.group("project")
-        raise ConfigError(f"GOOGLE_CLOUD_PROJECT is not set (accepted: {_ACCEPTS['project']})")
+        raise ConfigError(f"GOOGLE_CLOUD_PROJECT is not set (accepted: {ACCEPTS['project']})")
 
     @property
     def subscription_path(self) -> str:
         """The full subscription path; ``ConfigError`` when ``SUBSCRIPTION`` is unset."""
         if not self.subscription:
             raise ConfigError(
-                f"{env_name('subscription')} is not set (accepted: {_ACCEPTS['subscription']})"
+                f"{env_name('subscription')} is not set (accepted: {ACCEPTS['subscription']})"
             )
-        return _resolve(self.subscription, "subscriptions", self.project, "subscription")
+        return resolve(self.subscription, "subscriptions", self.project, "subscription")
 
     @property
     def replay_subscription_path(self) -> str:
@@ -369,29 +313,11 @@ class Settings(BaseSettings):
         """The full failure topic path, or ``None`` when no failure topic is configured."""
         if not self.failure_topic:
             return None
-        return _resolve(self.failure_topic, "topics", self.project_id, "failure_topic")
+        return resolve(self.failure_topic, "topics", self.project_id, "failure_topic")
 
     def topic_path(self, topic: str) -> str:
         """A topic ID or path, resolved against this project."""
-        return _resolve(topic, "topics", self.project_id, "topic")
-
-
-@functools.lru_cache(maxsize=128)
-def _resolve(value: str, kind: str, project: str | None, field: str) -> str:
-    """The full path of ``value`` (an ID or a path), validated; cached: read per message."""
-    match = _FULL_PATH.match(value)
-    if match:
-        if match.group("kind") != kind or not _RESOURCE_ID.match(match.group("id")):
-            raise ConfigError(f"{env_name(field)}={value!r}: accepted: {_ACCEPTS.get(field, kind)}")
-        return value
-    if not _RESOURCE_ID.match(value):
-        raise ConfigError(f"{env_name(field)}={value!r}: accepted: {_ACCEPTS.get(field, kind)}")
-    if not project:
-        raise ConfigError(
-            f"{env_name(field)}={value!r} is an ID, so GOOGLE_CLOUD_PROJECT must be set "
-            f"(accepted: {_ACCEPTS.get(field, kind)})"
-        )
-    return f"projects/{project}/{kind}/{value}"
+        return resolve(topic, "topics", self.project_id, "topic")
 
 
 def _describe(exc: ValidationError) -> str:
@@ -402,13 +328,13 @@ def _describe(exc: ValidationError) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
         if not field and ":" in message:  # model-level check names its field first
             field, _, message = message.partition(": ")
-        if field in _UNPREFIXED.values():
-            field = next(k for k, v in _UNPREFIXED.items() if v == field)
+        if field in UNPREFIXED.values():
+            field = next(k for k, v in UNPREFIXED.items() if v == field)
         if error["type"] == "extra_forbidden":
             lines.append(f"unknown setting {field!r}")
             continue
         shown = error.get("input")
-        accepts = _ACCEPTS.get(field, "")
+        accepts = ACCEPTS.get(field, "")
         where = env_name(field) if field else "settings"
         value = f"={shown!r}" if shown is not None and not isinstance(shown, dict) else ""
         lines.append(f"{where}{value}: {message} (accepted: {accepts})")

@@ -41,9 +41,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from pubsub_worker._variables import env_name
 from pubsub_worker.push.delivery import request_cap_s
 from pubsub_worker.push.envelope import is_transport_header
-from pubsub_worker.settings import Settings, env_name
+from pubsub_worker.settings import Settings
 
 __all__ = ["Finding", "is_push", "push_findings"]
 

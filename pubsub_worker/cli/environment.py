@@ -16,8 +16,9 @@ from typing import Any
 
 from pubsub_worker._support import clients
 from pubsub_worker._support.logs import configure
+from pubsub_worker._variables import env_name
 from pubsub_worker.errors import ConfigError
-from pubsub_worker.settings import Settings, env_name
+from pubsub_worker.settings import Settings
 from pubsub_worker.stores import FirestoreJobStore
 
 __all__ = [

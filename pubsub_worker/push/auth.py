@@ -50,8 +50,9 @@ from google.auth import crypt
 from google.oauth2 import id_token
 
 from pubsub_worker._support.distribution import install_line
+from pubsub_worker._variables import env_name
 from pubsub_worker.errors import ConfigError
-from pubsub_worker.settings import Settings, env_name
+from pubsub_worker.settings import Settings
 
 __all__ = [
     "GOOGLE_CERTS_URL",

@@ -40,7 +40,7 @@ def test_the_quick_start_is_exactly_two_commands_the_demo_then_the_tests() -> No
 
 def test_the_install_line_names_every_extra() -> None:
     install = re.findall(r"```\n(.*?)```", _section(README, "Install"), re.DOTALL)
-    assert install == ["pip install 'pubsub-worker[push,prometheus,otel]'\n"]
+    assert install == ["pip install 'pubsub-exactly-once[push,prometheus,otel]'\n"]
 
 
 def test_every_relative_link_of_the_readme_exists() -> None:

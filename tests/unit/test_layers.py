@@ -3,7 +3,7 @@
 Layers, bottom up (a module may import its own layer's modules and those below)::
 
     errors, hooks, _attributes              what everything may use
-    settings                                parsed once, at the edge
+    settings, _variables                    parsed once, at the edge; the variables' names
     _support                                logs, metrics, tracing, limits, clients, text
     stores, _delivery                       the store contract and stores; the Pub/Sub side
     _job                                    the Firestore side: the job a handler sees
@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "hooks": 0,
     "_attributes": 0,
     "settings": 1,
+    "_variables": 1,
     "_support": 2,
     "stores": 3,
     "_delivery": 3,
