@@ -310,7 +310,7 @@ def test_an_entry_that_still_cannot_go_out_is_kept_shown_and_published_on_replay
     ) in shown.stdout
 
     output = late_output.create()
-    replayed = run_cli(cli_env, "jobs", "replay", KEY)
+    replayed = run_cli(cli_env, "jobs", "replay", KEY, "--fan-out")  # the one subscription
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     deadline = time.monotonic() + 60
     while worker.log().count('"message": "ack of message ') < 2:

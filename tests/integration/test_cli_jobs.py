@@ -268,11 +268,15 @@ def test_jobs_replay_revives_failed_jobs_without_repeating_a_step(
         w.wait_for(lambda: w.counter(Counter.FAILED) == 3)
     assert sorted(runs) == [("a", key, 1) for key in keys]
 
-    code, out, _ = run_cli(capsys, "jobs", "replay", "--all-failed", "--dry-run")
+    # The topic has this one subscription: fan-out, asked for by name, reaches it alone.
+    code, out, _ = run_cli(capsys, "jobs", "replay", "--all-failed", "--dry-run", "--fan-out")
     assert code == 0
     listed = [line.split("] ", 1) for line in out.splitlines() if line.startswith("[")]
     assert sorted(n for n, _ in listed) == ["[1/3", "[2/3", "[3/3"]
-    assert sorted(outcome for _, outcome in listed) == [f"{key}: would replay" for key in keys]
+    topic = eod_subscription.topic_path
+    assert sorted(outcome for _, outcome in listed) == [
+        f"{key}: would replay to {topic}" for key in keys
+    ]
     assert f"would replay 3 of 3 job(s) to {eod_subscription.topic_path}" in out
     assert "  dry run: nothing was written or published" in out
     assert "replayed" not in out
@@ -280,11 +284,11 @@ def test_jobs_replay_revives_failed_jobs_without_repeating_a_step(
     broken["b"] = False
     end_stale_streams(subscriber, eod_subscription.subscription_path)
     with worker(handle, settings) as w:
-        code, out, _ = run_cli(capsys, "jobs", "replay", "k1", "k2", "k3", "k1")
+        code, out, _ = run_cli(capsys, "jobs", "replay", "k1", "k2", "k3", "k1", "--fan-out")
         assert code == 0
         assert f"replayed 3 of 3 job(s) to {eod_subscription.topic_path}" in out
         w.wait_for(lambda: w.counter(Counter.COMPLETED) == 3, timeout_s=60)
-        code, out, _ = run_cli(capsys, "jobs", "replay", "k1", "k2")
+        code, out, _ = run_cli(capsys, "jobs", "replay", "k1", "k2", "--fan-out")
         assert code == 1
         assert out.splitlines()[-1] == "  skipped 2: completed (2)"
 

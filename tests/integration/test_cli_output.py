@@ -57,12 +57,19 @@ def cli_env(
         PUBSUB_WORKER_SUBSCRIPTION=eod_subscription.subscription_path,
         PUBSUB_WORKER_COLLECTION=firestore_collection,
     )
+    made = run_cli(env, "jobs", "replay-setup")  # replays reach this subscription alone
+    assert made.returncode == 0, made.stderr
     return env
 
 
 @pytest.fixture
 def store(firestore_client: Any, firestore_collection: str) -> FirestoreJobStore:
     return FirestoreJobStore(firestore_client, firestore_collection)
+
+
+def replay_topic_of(handle: SubscriptionHandle) -> str:
+    """The replay topic of the subscription: named after the subscription, not its topic."""
+    return handle.subscription_path.replace("/subscriptions/", "/topics/") + "-replay"
 
 
 def run_on_terminal(env: dict[str, str], *argv: str) -> tuple[int, str]:
@@ -210,8 +217,11 @@ def test_output_json_is_one_document_for_every_operator_command(
         documents[argv[:2]] = json.loads(done.stdout)  # the whole of stdout is the document
     assert documents["jobs", "show"]["status"] == "failed"
     assert {job["key"] for job in documents["jobs", "list"]["jobs"]} == {"k1", "k2"}
+    replay_sub = eod_subscription.subscription_path + "-replay"
+    replay_topic = replay_topic_of(eod_subscription)
     assert documents["jobs", "replay"] == {
-        "topic": eod_subscription.topic_path,
+        "topic": replay_topic,
+        "reaches": f"to {replay_topic} (reaches only {replay_sub})",
         "dry_run": True,
         "total": 1,
         "replayed": 1,
@@ -256,8 +266,9 @@ def test_replay_of_an_unknown_key_names_it_replays_nothing_and_exits_4(
     dry = run_cli(cli_env, "jobs", "replay", "k1", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines() == [
-        "[1/1] k1: would replay",
-        f"would replay 1 of 1 job(s) to {eod_subscription.topic_path}",
+        f"[1/1] k1: would replay to {replay_topic_of(eod_subscription)}",
+        f"would replay 1 of 1 job(s) to {replay_topic_of(eod_subscription)} "
+        f"(reaches only {eod_subscription.subscription_path}-replay)",
         "  dry run: nothing was written or published",
     ]
 
@@ -301,13 +312,14 @@ def test_a_terminal_gets_a_rich_table_colours_and_a_progress_bar_a_pipe_plain_te
     assert "[1/13]" not in screen  # no line per job replayed: the bar counts them
     assert "[13/13] busy: skipped: running\r\n" in screen  # printed above the bar
     assert re.search(r"\x1b\[[0-9;]*m13/13", screen), screen  # the bar's count, to the end
-    assert f"would replay 12 of 13 job(s) to {eod_subscription.topic_path}" in screen
+    assert f"would replay 12 of 13 job(s) to {replay_topic_of(eod_subscription)}" in screen
 
     piped = run_cli(cli_env, "jobs", "replay", *keys, "--dry-run")
     assert piped.returncode == 0, piped.stderr
     assert ESCAPE not in piped.stdout + piped.stderr
     assert piped.stdout.splitlines()[:12] == [
-        f"[{i}/12] {key}: would replay" for i, key in enumerate(keys, start=1)
+        f"[{i}/12] {key}: would replay to {replay_topic_of(eod_subscription)}"
+        for i, key in enumerate(keys, start=1)
     ]
 
 
