@@ -52,6 +52,7 @@ from .jobs import (
 )
 from .push import cmd_push, default_port
 from .run import cmd_run
+from .ui import add_ui_parser, cmd_ui
 
 __all__ = ["build_parser", "main"]
 
@@ -149,12 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay_p.add_argument("--all", action="store_true", help="every failed job")
     replay_p.add_argument("--key", action="append", help="a job key (repeatable)")
     _add_replay_options(replay_p)
+    add_ui_parser(sub)
     return parser
 
 
 _COMMANDS = {
     "run": cmd_run,
     "push": cmd_push,
+    "ui": cmd_ui,
     "failed": cmd_failed,
     "replay": cmd_replay,
     ("jobs", "show"): cmd_show,
