@@ -69,7 +69,10 @@ def test_behind_a_proxy_it_answers_any_host_with_a_secure_cookie(
     serve: Serve, source: tuple[Jobs, dict[str, str]]
 ) -> None:
     jobs, _ = source
-    with serve(create_app(jobs, loopback=False)) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with (
+        serve(create_app(jobs, loopback=False)) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+    ):
         page = http.get("/", headers={"host": "jobs.example.run.app"})
         assert page.status_code == 200
         assert "Secure" in page.headers["set-cookie"]
@@ -80,7 +83,10 @@ def test_a_post_from_another_site_is_refused_with_the_browser_s_own_token(
 ) -> None:
     jobs, ids = source
     doc = firestore_client.collection(jobs.collection).document(ids["op-2013"])
-    with serve(create_app(jobs, allow_actions=True)) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with (
+        serve(create_app(jobs, allow_actions=True)) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+    ):
         confirm = http.get(f"/jobs/{ids['op-2013']}/release")
         match = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.text)
         assert match is not None
