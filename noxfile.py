@@ -71,8 +71,12 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Start the local emulators, publish a few jobs and run the sample worker on them."""
-    _install(session)
+    """Start the local emulators, publish a few jobs and run the sample worker on them.
+
+    ``nox -s demo -- --keep`` keeps them running for ``pubsub-worker ui`` (installed here
+    with its extra: ``.nox/demo/bin/pubsub-worker ui``; docs/ui.md).
+    """
+    session.install("-e", ".[ui]")
     session.run("python", "-m", "samples.attachment_worker.demo", *session.posargs)
 
 

@@ -1,6 +1,6 @@
 """``pubsub-worker ui``: the jobs dashboard, served by uvicorn (``pubsub-worker[ui]``).
 
-``pubsub-worker ui [--host 127.0.0.1] [--port 8000] [--allow-actions]
+``pubsub-worker ui [--host 127.0.0.1] [--port $PORT or 8000] [--allow-actions]
 [--subscription NAME ...]`` reads the same ``PUBSUB_WORKER_*`` settings as
 every command: the jobs of ``PUBSUB_WORKER_SUBSCRIPTION`` (plus those named by
 ``--subscription``, in the same collection). It is read-only unless started
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from pubsub_worker._support import clients
 from pubsub_worker._support.logs import configure
@@ -25,7 +26,15 @@ __all__ = ["DEFAULT_UI_PORT", "add_ui_parser", "cmd_ui"]
 _LOGGER = logging.getLogger("pubsub_worker.ui")
 
 DEFAULT_UI_PORT = 8000
+"""The port served when neither ``--port`` nor ``$PORT`` (Cloud Run sets it) says otherwise."""
 _LOOPBACK = "127.0.0.1"
+
+
+def _default_port() -> int:
+    try:
+        return int(os.environ.get("PORT", DEFAULT_UI_PORT))
+    except ValueError:
+        return DEFAULT_UI_PORT
 
 
 def add_ui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,9 +49,9 @@ def add_ui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ui_p.add_argument(
         "--port",
         type=int,
-        default=DEFAULT_UI_PORT,
+        default=_default_port(),
         metavar="N",
-        help=f"port to serve on (default {DEFAULT_UI_PORT}; 0: any free port)",
+        help=f"port to serve on (default $PORT, else {DEFAULT_UI_PORT})",
     )
     ui_p.add_argument(
         "--allow-actions",

@@ -23,7 +23,6 @@ import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +38,7 @@ from pubsub_worker.stores import FirestoreJobStore
 from pubsub_worker.stores.base import JobRecord, Snapshot, Status
 
 from .filters import Filters
+from .shapes import Counts, JobDetail, ListPage, Review, Subscription
 
 __all__ = [
     "MAX_BULK",
@@ -48,80 +48,21 @@ __all__ = [
     "JobDetail",
     "Jobs",
     "ListPage",
+    "Review",
     "Subscription",
 ]
 
 PAGE = 50
 """Rows of a page of the job list (``jobs list``'s default too)."""
-SCAN_BUDGET = 2000
+SCAN_BUDGET = 1000
 """Documents a page filtered by key prefix reads at most before it hands back its cursor."""
-_SCAN_BATCH = 250
+_SCAN_BATCH = 500
 MAX_BULK = 500
 """Jobs one bulk replay checks and replays at most (the newest first); run it again for more."""
 RECENT = 8
 """Failures the overview shows."""
-
-
-@dataclass(frozen=True)
-class Subscription:
-    """A subscription the dashboard shows, with the settings the CLI would use for it."""
-
-    index: int
-    settings: Settings
-
-    @property
-    def path(self) -> str:
-        return self.settings.subscription_path
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
-class Counts:
-    """A subscription's numbers, each one ``count()`` (0 when its index is ``missing``)."""
-
-    by_status: dict[Status, int]
-    stuck: int
-    """Running jobs whose last write is older than a lease: their owner stopped writing."""
-    reasons: job_counts.ReasonCounts
-    oldest_running: JobView | None
-    missing: tuple[str, ...] = ()
-    """Commands that create the composite indexes real Firestore asked for."""
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_status.values())
-
-
-@dataclass(frozen=True)
-class ListPage:
-    """A page of the job list: its rows, the cursor of the next, what a key prefix read."""
-
-    jobs: list[JobView]
-    next: str | None
-    scanned: int
-    """Documents read for the page (more than its rows when a key prefix filters)."""
-    exact: JobView | None = None
-    """The job whose key is exactly the prefix, read by id."""
-
-
-@dataclass(frozen=True)
-class JobDetail:
-    """One job's whole story: its view, its record, and what may be done with it."""
-
-    view: JobView
-    record: JobRecord
-    subscription: Subscription | None
-    replay_refusal: str | None
-    """Why a replay would skip it now (``None``: it may be replayed)."""
-    release_refusal: str | None
-    """Why it cannot be released from here (``None``: it may be released)."""
-
-    @property
-    def payload_bytes(self) -> int | None:
-        return len(self.record.data) if self.record.data is not None else None
+SAMPLED = 50
+"""Newest failed jobs the review queue reads to show a few of each reason."""
 
 
 class Jobs:
@@ -163,31 +104,52 @@ class Jobs:
 
     # -- reads ------------------------------------------------------------------------
 
-    def counts(self, sub: Subscription, *, reasons: bool = False) -> Counts:
-        """Counts by status, stuck, the oldest running job and, with ``reasons``, failed jobs
-        by reason: every query sent at once."""
-        missing: list[str] = []
+    def counts(self, sub: Subscription) -> Counts:
+        """Counts by status, the stuck ones and the oldest running job: sent at once."""
         path, lease = sub.path, float(sub.settings.lease_seconds)
+        count = functools.partial(job_counts.count_jobs, self.client, self.collection, path)
+        got, missing = self._gather(
+            {
+                **{st.value: functools.partial(count, status=st) for st in Status},
+                "stuck": functools.partial(count, status=Status.RUNNING, older_than_s=lease),
+                "oldest": functools.partial(
+                    job_counts.oldest, self.client, self.collection, path, Status.RUNNING
+                ),
+            }
+        )
+        return Counts(
+            by_status={st: int(got[st.value] or 0) for st in Status},
+            stuck=int(got["stuck"] or 0),
+            oldest_running=got["oldest"],
+            missing=missing,
+        )
 
-        def count(status: Status, reason: str | None = None, older: float | None = None) -> int:
-            return job_counts.count_jobs(
-                self.client, self.collection, path, status=status, reason=reason, older_than_s=older
-            )
-
+    def review(self, sub: Subscription) -> Review:
+        """Failed jobs by reason (one ``count()`` each) and the newest failed ones: at once."""
+        count = functools.partial(
+            job_counts.count_jobs, self.client, self.collection, sub.path, status=Status.FAILED
+        )
         tasks: dict[str, Callable[[], Any]] = {
-            **{st.value: functools.partial(count, st) for st in Status},
-            "stuck": functools.partial(count, Status.RUNNING, older=lease),
-            "oldest": functools.partial(
-                job_counts.oldest, self.client, self.collection, path, Status.RUNNING
-            ),
+            "total": count,
+            "newest": functools.partial(self.latest, sub, Status.FAILED, SAMPLED),
+            **{r: functools.partial(count, reason=r) for r in job_counts.FAILURE_REASONS},
         }
-        if reasons:
-            tasks.update(
-                {
-                    f"reason:{r}": functools.partial(count, Status.FAILED, r)
-                    for r in job_counts.FAILURE_REASONS
-                }
-            )
+        got, missing = self._gather(tasks)
+        by_reason = {r: int(got[r] or 0) for r in job_counts.FAILURE_REASONS}
+        samples: dict[str, list[JobView]] = {}
+        for view in got["newest"].jobs if got["newest"] is not None else []:
+            samples.setdefault(view.reason or "error", []).append(view)
+        return Review(
+            reasons=job_counts.ReasonCounts.of(int(got["total"] or 0), by_reason),
+            samples=samples,
+            missing=missing,
+        )
+
+    def _gather(
+        self, tasks: dict[str, Callable[[], Any]]
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """Run ``tasks`` at once; a task refused for want of an index answers None."""
+        missing: list[str] = []
 
         def guarded(read: Callable[[], Any]) -> Any:
             try:
@@ -198,17 +160,7 @@ class Jobs:
 
         futures = {name: self._pool.submit(guarded, read) for name, read in tasks.items()}
         got = {name: future.result() for name, future in futures.items()}
-        by_status = {st: int(got[st.value] or 0) for st in Status}
-        by_reason = {
-            r: int(got.get(f"reason:{r}") or 0) for r in job_counts.FAILURE_REASONS if reasons
-        }
-        return Counts(
-            by_status=by_status,
-            stuck=int(got["stuck"] or 0),
-            reasons=job_counts.ReasonCounts.of(by_status[Status.FAILED], by_reason),
-            oldest_running=got["oldest"],
-            missing=tuple(dict.fromkeys(missing)),
-        )
+        return got, tuple(dict.fromkeys(missing))
 
     def latest(
         self, sub: Subscription, status: Status, limit: int, reason: str | None = None

@@ -140,14 +140,8 @@ class Dashboard:
         sub = self.subscription(request)
         if sub is None:
             return self.problem(request, 404, "No such subscription", "")
-        counts = self.jobs.counts(sub, reasons=True)
-        samples = {
-            reason: self.jobs.latest(sub, Status.FAILED, 3, reason=reason).jobs
-            for reason in counts.reasons.by_reason
-        }
-        return self.render(
-            request, "review.html", sub=sub, counts=counts, samples=samples, REASONS=REASONS
-        )
+        review = self.jobs.review(sub)
+        return self.render(request, "review.html", sub=sub, review=review, REASONS=REASONS)
 
 
 def is_doc_id(text: str) -> bool:

@@ -70,24 +70,25 @@ def _walk(source: Jobs, filters: Filters) -> tuple[list[JobView], int]:
 
 def test_counts_are_exact_per_status_stuck_reason_and_the_oldest_running(world: Any) -> None:
     source, jobs, _ = world
-    counts = source.counts(source.subscription(None), reasons=True)
+    sub = source.subscription(None)
+    counts = source.counts(sub)
     assert counts.by_status == {st: sum(1 for j in jobs if j.status is st) for st in Status}
     assert counts.total == len(jobs)
     assert counts.stuck == 1
     assert counts.oldest_running is not None
     assert counts.oldest_running.key == "op-stuck"
-    failed = Counter(j.reason for j in jobs if j.status is Status.FAILED)
-    assert dict(counts.reasons.by_reason) == dict(failed)
-    assert list(counts.reasons.by_reason) == [r for r, _ in failed.most_common()]
-    assert counts.reasons.other == 0
     assert counts.missing == ()
-    # Without the reasons, nothing else changes.
-    plain = source.counts(source.subscription(None))
-    assert (plain.by_status, plain.stuck, dict(plain.reasons.by_reason)) == (
-        counts.by_status,
-        1,
-        {},
-    )
+    review = source.review(sub)
+    failed = Counter(j.reason for j in jobs if j.status is Status.FAILED)
+    assert review.reasons.total == counts.by_status[Status.FAILED]
+    assert dict(review.reasons.by_reason) == dict(failed)
+    assert list(review.reasons.by_reason) == [r for r, _ in failed.most_common()]
+    assert review.reasons.other == 0
+    newest = sorted((j for j in jobs if j.status is Status.FAILED), key=lambda j: j.updated_at)
+    sampled = [v.key for views in review.samples.values() for v in views]
+    assert sorted(sampled) == sorted(j.key for j in newest[-ui_jobs.SAMPLED :])
+    for reason, views in review.samples.items():
+        assert {v.reason for v in views} == {reason}
 
 
 def test_the_pages_hold_every_job_once_newest_first(world: Any) -> None:
