@@ -71,13 +71,19 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Start the local emulators, publish a few jobs and run the sample worker on them.
+    """Start the local emulators, publish a few jobs and run the sample worker on them."""
+    _install(session)
+    session.run("python", "-m", "samples.attachment_worker.demo", *session.posargs)
 
-    ``nox -s demo -- --keep`` keeps them running for ``pubsub-worker ui`` (installed here
-    with its extra: ``.nox/demo/bin/pubsub-worker ui``; docs/ui.md).
+
+@nox.session(name="ui-demo")
+def ui_demo(session: nox.Session) -> None:
+    """The demo, then its worker and emulators kept running for ``pubsub-worker ui`` (docs/ui.md).
+
+    The dashboard is installed here too: ``.nox/ui-demo/bin/pubsub-worker ui --allow-actions``.
     """
     session.install("-e", ".[ui]")
-    session.run("python", "-m", "samples.attachment_worker.demo", *session.posargs)
+    session.run("python", "-m", "samples.attachment_worker.ui_demo", *session.posargs)
 
 
 @nox.session

@@ -8,11 +8,6 @@ completed or failed, prints a summary and stops everything. Nothing to
 configure. Exit status 0 when each valid operation was announced downstream
 exactly once and the malformed one reached the failure path; 1 otherwise;
 2 when the emulators cannot start.
-
-With ``--keep`` the emulators and the worker keep running after the summary,
-until Ctrl-C, and the demo prints the ``export`` lines for another shell: there
-``pubsub-worker ui --allow-actions`` shows the demo's jobs, and a replay from
-its review queue runs on this worker (docs/ui.md).
 """
 
 from __future__ import annotations
@@ -95,13 +90,8 @@ def sample_attachments() -> list[tuple[str, bytes]]:
     return [*valid[:3], duplicate, *valid[3:], malformed]
 
 
-def run_demo(
-    emu: Emulators, out: Callable[[str], None] = print, *, keep: threading.Event | None = None
-) -> Summary:
-    """Run the worker on the emulators' topology until every job finished; summarise.
-
-    With ``keep``, the worker then runs again, beside the emulators, until ``keep`` is set.
-    """
+def run_demo(emu: Emulators, out: Callable[[str], None] = print) -> Summary:
+    """Run the worker on the emulators' topology until every job finished; summarise."""
     made = emu.bootstrap(load_topology(TOPOLOGY))
     settings = card_settings(
         project=emu.project,
@@ -148,34 +138,9 @@ def run_demo(
         key = message.attributes["pubsub_worker_key"]
         summary.failed[key] = message.attributes["pubsub_worker_error"]
     summary.stored = sum(1 for _ in outputs.stream())
-    _print_summary(summary, out)
-    if keep is not None:
-        _keep_running(emu, worker, settings, keep, out)
     client.close()  # type: ignore[no-untyped-call]
+    _print_summary(summary, out)
     return summary
-
-
-def _keep_running(
-    emu: Emulators,
-    worker: pubsub_worker.ExactlyOnce,
-    settings: pubsub_worker.Settings,
-    stop: threading.Event,
-    out: Callable[[str], None],
-) -> None:
-    """Run ``worker`` again until ``stop``, saying how to look at its jobs meanwhile."""
-    variables = {
-        **emu.env(),
-        "PUBSUB_WORKER_SUBSCRIPTION": settings.subscription_path,
-        "PUBSUB_WORKER_COLLECTION": settings.collection,
-        "PUBSUB_WORKER_KEY_ATTRIBUTE": settings.key_attribute or "",
-        "PUBSUB_WORKER_FAILURE_TOPIC": settings.failure_topic_path or "",
-    }
-    out("")
-    out("the emulators and the worker keep running (Ctrl-C stops them); in another shell:")
-    for name, value in variables.items():
-        out(f"  export {name}={value}")
-    out("  pubsub-worker ui --allow-actions      # then open http://127.0.0.1:8000")
-    pubsub_worker.run(worker, settings=settings, stop=stop)
 
 
 def _wait(
@@ -248,11 +213,6 @@ def _print_summary(summary: Summary, out: Callable[[str], None]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m samples.attachment_worker.demo")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the worker's log")
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the emulators and the worker running after the summary (for pubsub-worker ui)",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
@@ -269,12 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with emu:
         emu.export_env()  # the clients find the emulators through these variables
         print(f"  ready in {emu.startup_s:.1f} s", flush=True)
-        keep = threading.Event() if args.keep else None
-        try:
-            summary = run_demo(emu, out=lambda line: print(line, flush=True), keep=keep)
-        except KeyboardInterrupt:  # --keep: Ctrl-C ends the worker's run, then the emulators
-            print("stopping", flush=True)
-            return 0
+        summary = run_demo(emu, out=lambda line: print(line, flush=True))
     print("emulators stopped")
     return 0 if summary.ok else 1
 
