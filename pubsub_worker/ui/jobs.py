@@ -76,11 +76,11 @@ class Jobs:
         client: Any = None,
         publish: clients.Publish | None = None,
     ) -> None:
-        names = list(dict.fromkeys(subscriptions or [settings.subscription_path]))
-        self.subscriptions = [
-            Subscription(i, settings.model_copy(update={"subscription": name}))
-            for i, name in enumerate(names)
-        ]
+        by_path: dict[str, Settings] = {}
+        for name in subscriptions or [settings.subscription_path]:
+            named = settings.model_copy(update={"subscription": name})
+            by_path.setdefault(named.subscription_path, named)  # a name and its path: once
+        self.subscriptions = [Subscription(i, s) for i, s in enumerate(by_path.values())]
         self.settings = settings
         self.client = client if client is not None else clients.firestore_client(settings)
         self.store = FirestoreJobStore(self.client, settings.collection)

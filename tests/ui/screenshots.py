@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, path in shots.items():
                 page.goto(url + path)
                 page.wait_for_load_state("networkidle")
-                page.screenshot(path=str(args.out / name), full_page=True)
+                # The job list is long: its first screen shows what it is.
+                page.screenshot(path=str(args.out / name), full_page=name != "ui-jobs.png")
                 print(f"saved {args.out / name}")
             browser.close()
         jobs.close()
