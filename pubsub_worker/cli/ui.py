@@ -5,7 +5,8 @@
 every command: the jobs of ``PUBSUB_WORKER_SUBSCRIPTION`` (plus those named by
 ``--subscription``, in the same collection). It is read-only unless started
 with ``--allow-actions``, and bound to loopback unless another ``--host`` is
-given (then it says so: put it behind Identity-Aware Proxy, docs/ui.md).
+given (then it says so: put it behind Identity-Aware Proxy, and give
+``--iap-audience`` so that it refuses whatever IAP did not sign, docs/ui.md).
 Firestore is read once before it listens, so a bad setting or an unreachable
 Firestore exits 2 with one line.
 """
@@ -59,6 +60,12 @@ def add_ui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="offer release and replay (each previewed and confirmed, every one logged)",
     )
     ui_p.add_argument(
+        "--iap-audience",
+        metavar="AUD",
+        help="refuse requests without Identity-Aware Proxy's signed header for this audience "
+        "(Cloud Run: /projects/NUMBER/locations/REGION/services/NAME); the log names its user",
+    )
+    ui_p.add_argument(
         "--subscription",
         action="append",
         metavar="NAME",
@@ -72,6 +79,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn  # noqa: PLC0415 - the ui extra
 
         from pubsub_worker.ui import Jobs, create_app  # noqa: PLC0415 - the ui extra
+        from pubsub_worker.ui.iap import IapVerifier  # noqa: PLC0415
         from pubsub_worker.ui.security import is_loopback  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(f"ui needs its extra: pip install 'pubsub-worker[ui]' ({exc})") from exc
@@ -81,7 +89,8 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     jobs = Jobs(settings, names)
     clients.check_firestore(jobs.client, settings)  # Unreachable: one line, exit 2
     loopback = is_loopback(args.host)
-    app = create_app(jobs, allow_actions=args.allow_actions, loopback=loopback)
+    iap = IapVerifier(args.iap_audience) if args.iap_audience else None
+    app = create_app(jobs, allow_actions=args.allow_actions, loopback=loopback, iap=iap)
     mode = "actions allowed" if args.allow_actions else "read-only"
     _LOGGER.info(
         "jobs dashboard on http://%s:%d (%s) for %s",
@@ -90,10 +99,10 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
         mode,
         ", ".join(sub.path for sub in jobs.subscriptions),
     )
-    if not loopback:
+    if not loopback and iap is None:
         _LOGGER.warning(
             "serving on %s, not loopback: anyone who reaches it sees every job%s; put it "
-            "behind Identity-Aware Proxy (docs/ui.md)",
+            "behind Identity-Aware Proxy and give --iap-audience (docs/ui.md)",
             args.host,
             " and can release and replay them" if args.allow_actions else "",
         )

@@ -14,9 +14,11 @@
   127.0.0.1 gets 400.
 * **Headers.** A content security policy of ``'self'`` only (no inline script
   or style: htmx is served from here), no framing, no referrer.
-* **Who.** Behind Identity-Aware Proxy, the user is IAP's
-  ``X-Goog-Authenticated-User-Email``; otherwise "anonymous". Every action is
-  logged with who, from where, and what (:func:`actor`).
+* **Who.** Behind Identity-Aware Proxy with ``--iap-audience``, the user of
+  IAP's verified assertion (:mod:`pubsub_worker.ui.iap`); without it, IAP's
+  ``X-Goog-Authenticated-User-Email`` marked unverified; otherwise
+  "anonymous". Every action is logged with who, from where, and what
+  (:func:`actor`).
 """
 
 from __future__ import annotations
@@ -124,11 +126,18 @@ def _secret_from_env() -> bytes:
 def actor(request: Request) -> str:
     """Who sent ``request``, as the action log names them.
 
-    IAP's user header (``accounts.google.com:alice@example.com``) is believed
-    only because IAP strips it from what clients send; without IAP in front,
-    the dashboard is bound to loopback and the user is whoever sits there.
+    The user IAP's assertion names, verified (``request.state.user``, set with
+    ``--iap-audience``); else IAP's plain user header
+    (``accounts.google.com:alice@example.com``), which anyone who reaches the
+    dashboard around IAP could send, so marked unverified; else "anonymous".
     """
-    user = request.headers.get(IAP_USER_HEADER, "")
-    name = user.split(":", 1)[-1] if user else "anonymous"
+    verified = getattr(request.state, "user", None)
+    header = request.headers.get(IAP_USER_HEADER, "")
+    if verified:
+        name = str(verified)
+    elif header:
+        name = f"{header.split(':', 1)[-1]} (unverified)"
+    else:
+        name = "anonymous"
     where = request.client.host if request.client is not None else "?"
     return f"{name} from {where}"

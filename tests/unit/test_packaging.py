@@ -105,7 +105,7 @@ def test_wheel_holds_the_dashboard_s_templates_and_static_files(built: Built) ->
 def test_the_ui_extra_brings_what_the_dashboard_imports(built: Built) -> None:
     requires = built.metadata().get_all("Requires-Dist") or []
     ui = sorted(r.split(";")[0].split(">")[0].strip() for r in requires if "extra == 'ui'" in r)
-    assert ui == ["jinja2", "starlette", "uvicorn"]
+    assert ui == ["jinja2", "requests", "starlette", "uvicorn"]
 
 
 def test_wheel_is_typed(built: Built) -> None:

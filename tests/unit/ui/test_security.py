@@ -69,9 +69,11 @@ def test_the_secret_comes_from_the_environment_when_set_and_long_enough(
     assert Guard(allow_actions=True).token("c") != Guard(allow_actions=True).token("c")
 
 
-def test_who_acted_is_iap_s_user_or_anonymous_with_the_address() -> None:
+def test_who_acted_is_iap_s_verified_user_else_marked_unverified_else_anonymous() -> None:
     iap = request({security.IAP_USER_HEADER: "accounts.google.com:alice@example.com"})
-    assert actor(iap) == "alice@example.com from 127.0.0.1"
+    assert actor(iap) == "alice@example.com (unverified) from 127.0.0.1"
+    iap.state.user = "bob@example.com"  # what the verified assertion named
+    assert actor(iap) == "bob@example.com from 127.0.0.1"
     assert actor(request()) == "anonymous from 127.0.0.1"
 
 
