@@ -1,10 +1,19 @@
 """What the dashboard counts: jobs by status, failed jobs by reason, the oldest of a status.
 
-Each count is a listing's own query (:func:`~pubsub_worker._ops.listing.listing_query`)
-sent as a Firestore ``count()`` aggregation: answered from the same composite
-index as the listing, without reading a document (real Firestore bills one
-read per 1,000 index entries counted). No full scan, whatever the collection
-holds. Firestore has no ``group by``: failed jobs are counted per reason of
+Each count is one Firestore ``count()`` aggregation, answered from an index
+without reading a document (real Firestore bills one read per 1,000 index
+entries counted): no full scan, whatever the collection holds.
+
+* By status (or all of a subscription's): ``subscription == S [and status ==
+  X]``, the query ``failed`` sends, served by merging the two single-field
+  indexes of :data:`~pubsub_worker._ops.config_report.QUERIED_FIELDS`; it counts
+  a document written before the shard too.
+* By failure reason, or last written before a time (stuck): a listing's own
+  query (:func:`~pubsub_worker._ops.listing.listing_query`), served by the
+  listing's composite index (``reason`` and ``updated_at`` have no
+  single-field index).
+
+Firestore has no ``group by``: failed jobs are counted per reason of
 :data:`FAILURE_REASONS`, one aggregation each, and whatever the total of
 failed jobs holds beyond them is reported as the rest (:class:`ReasonCounts`).
 
@@ -21,10 +30,12 @@ from datetime import datetime
 from typing import Any
 
 from google.api_core import exceptions as gexc
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker._worker.outcome import Reason
 from pubsub_worker.errors import StoreError
+from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import Status
 
 from .config_report import index_command, list_query_shape
@@ -70,7 +81,7 @@ def count_jobs(
     reason: str | None = None,
     older_than_s: float | None = None,
 ) -> int:
-    """How many jobs a listing with these filters would page through, in one aggregation.
+    """How many jobs of ``subscription`` have these, in one aggregation (module docstring).
 
     ``older_than_s`` counts those last written at least that long ago (with
     ``status`` running: the jobs whose owner stopped writing).
@@ -79,10 +90,22 @@ def count_jobs(
     lacks the listing's index, :class:`~pubsub_worker.errors.StoreError` when it
     fails otherwise.
     """
-    query = listing_query(
-        client, collection, subscription, status=status, reason=reason, older_than_s=older_than_s
-    )
     shape = list_query_shape(status, older_than=older_than_s is not None, reason=reason is not None)
+    if reason is None and older_than_s is None:
+        query = client.collection(collection).where(
+            filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)
+        )
+        if status is not None:
+            query = query.where(filter=FieldFilter(s.STATUS, "==", status.value))
+    else:
+        query = listing_query(
+            client,
+            collection,
+            subscription,
+            status=status,
+            reason=reason,
+            older_than_s=older_than_s,
+        )
     try:
         answer = query.count(alias="n").get()
     except gexc.FailedPrecondition as exc:

@@ -3,7 +3,8 @@
 ``browser`` launches ``/usr/bin/chromium`` headless (Playwright's own browser
 builds are never fetched). When it is absent the browser tests are skipped
 with the reason, except under ``CI``, where they fail: ``.ci/run`` installs
-it. ``serve`` runs a dashboard under uvicorn on a free loopback port.
+it. ``serve`` runs a dashboard under uvicorn on a free loopback port;
+``showcase`` seeds the jobs of :mod:`tests.ui.seed`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from typing import Any
 
 import pytest
 
+import pubsub_worker
 from benchmarks.ui_support import serving
 from emulator.pytest_plugin import running_in_ci
+from pubsub_worker.ui import Jobs
 from tests.integration.conftest import settings_for, worker  # noqa: F401 - real workers
+
+from .seed import SHOWCASE_SUB, seed_showcase
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -71,6 +76,19 @@ def page(browser: Any) -> Iterator[Any]:
         yield context.new_page()
     finally:
         context.close()
+
+
+@pytest.fixture
+def showcase(
+    emulators: Any, firestore_client: Any, firestore_collection: str
+) -> Iterator[tuple[Jobs, dict[str, str]]]:
+    """The showcase jobs (:mod:`tests.ui.seed`) in this test's collection, and a dashboard's
+    :class:`~pubsub_worker.ui.Jobs` over them; their document ids by key."""
+    ids = seed_showcase(firestore_client, firestore_collection, SHOWCASE_SUB)
+    settings = pubsub_worker.Settings(subscription=SHOWCASE_SUB, collection=firestore_collection)
+    jobs = Jobs(settings, client=firestore_client)
+    yield jobs, ids
+    jobs.close()
 
 
 @pytest.fixture

@@ -15,7 +15,10 @@ from typing import Any
 from benchmarks.ui_support import Job, job_document, write_documents
 from pubsub_worker.stores.base import Status
 
-__all__ = ["FAILED", "RUNNING", "SHOWCASE_COUNTS", "seed_showcase"]
+__all__ = ["FAILED", "RUNNING", "SHOWCASE_COUNTS", "SHOWCASE_SUB", "seed_showcase"]
+
+SHOWCASE_SUB = "projects/pubsub-worker-test/subscriptions/ui-attachments"
+"""The subscription the tests seed the showcase for."""
 
 _STEPS = [("parse", 96), ("transcode", 2410), ("store", 212)]
 _OUT = "projects/attachment-demo/topics/attachments-transcoded"

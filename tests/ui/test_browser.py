@@ -11,35 +11,22 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-import pubsub_worker
 from benchmarks.ui_support import Job, job_document, write_documents
 from pubsub_worker.stores.base import Status
 from pubsub_worker.ui import Jobs, create_app
 
-from .seed import FAILED, RUNNING, SHOWCASE_COUNTS, seed_showcase, showcase_jobs
+from .seed import FAILED, RUNNING, SHOWCASE_COUNTS, SHOWCASE_SUB, showcase_jobs
 
 pytestmark = pytest.mark.emulator
 
-SUB = "projects/pubsub-worker-test/subscriptions/ui-attachments"
 Serve = Callable[[Any], AbstractContextManager[str]]
-
-
-@pytest.fixture
-def showcase(
-    emulators: Any, firestore_client: Any, firestore_collection: str
-) -> Iterator[tuple[Jobs, dict[str, str]]]:
-    ids = seed_showcase(firestore_client, firestore_collection, SUB)
-    settings = pubsub_worker.Settings(subscription=SUB, collection=firestore_collection)
-    source = Jobs(settings, client=firestore_client)
-    yield source, ids
-    source.close()
 
 
 def _keys(page: Any) -> list[str]:
@@ -65,7 +52,7 @@ def test_each_page_renders_and_the_filters_and_paging_work(
 
         # The running jobs refresh by themselves (htmx, every 5 s): a job claimed now shows up.
         fresh = Job("op-2019", Status.RUNNING, datetime.now(timezone.utc), [("parse", 90)])
-        write_documents(firestore_client, source.collection, [job_document(SUB, fresh)])
+        write_documents(firestore_client, source.collection, [job_document(SHOWCASE_SUB, fresh)])
         running.locator("text=op-2019").wait_for(timeout=12_000)
 
         # The job list: 50 rows a page, newest first; "More" appends the next page in place.
@@ -137,7 +124,7 @@ def test_read_only_offers_no_action_and_refuses_a_forged_post(
             assert page.goto(url + path).status == 403
         forged = page.request.post(
             url + "/review/replay",
-            form={"csrf": "0" * 64, "sub": SUB, "ids": ids["op-2016"], "scope": "forged"},
+            form={"csrf": "0" * 64, "sub": SHOWCASE_SUB, "ids": ids["op-2016"], "scope": "forged"},
         )
         assert forged.status == 403
         assert "started without --allow-actions" in forged.text()

@@ -15,39 +15,26 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import pytest
 
-import pubsub_worker
 from pubsub_worker.ui import Jobs, create_app
 
-from .seed import seed_showcase
+from .seed import SHOWCASE_SUB
 
 pytestmark = pytest.mark.emulator
 
-SUB = "projects/pubsub-worker-test/subscriptions/ui-http"
 Serve = Callable[[Any], AbstractContextManager[str]]
 
 
-@pytest.fixture
-def source(
-    emulators: Any, firestore_client: Any, firestore_collection: str
-) -> Iterator[tuple[Jobs, dict[str, str]]]:
-    ids = seed_showcase(firestore_client, firestore_collection, SUB)
-    settings = pubsub_worker.Settings(subscription=SUB, collection=firestore_collection)
-    jobs = Jobs(settings, client=firestore_client)
-    yield jobs, ids
-    jobs.close()
-
-
 def test_bound_to_loopback_it_answers_loopback_hosts_only_with_its_headers(
-    serve: Serve, source: tuple[Jobs, dict[str, str]]
+    serve: Serve, showcase: tuple[Jobs, dict[str, str]]
 ) -> None:
-    jobs, _ = source
+    jobs, _ = showcase
     with serve(create_app(jobs)) as url, httpx.Client(base_url=url, timeout=60) as http:
         page = http.get("/")
         assert page.status_code == 200
@@ -66,9 +53,9 @@ def test_bound_to_loopback_it_answers_loopback_hosts_only_with_its_headers(
 
 
 def test_behind_a_proxy_it_answers_any_host_with_a_secure_cookie(
-    serve: Serve, source: tuple[Jobs, dict[str, str]]
+    serve: Serve, showcase: tuple[Jobs, dict[str, str]]
 ) -> None:
-    jobs, _ = source
+    jobs, _ = showcase
     with (
         serve(create_app(jobs, loopback=False)) as url,
         httpx.Client(base_url=url, timeout=60) as http,
@@ -79,9 +66,9 @@ def test_behind_a_proxy_it_answers_any_host_with_a_secure_cookie(
 
 
 def test_a_post_from_another_site_is_refused_with_the_browser_s_own_token(
-    serve: Serve, source: tuple[Jobs, dict[str, str]], firestore_client: Any
+    serve: Serve, showcase: tuple[Jobs, dict[str, str]], firestore_client: Any
 ) -> None:
-    jobs, ids = source
+    jobs, ids = showcase
     doc = firestore_client.collection(jobs.collection).document(ids["op-2013"])
     with (
         serve(create_app(jobs, allow_actions=True)) as url,
@@ -109,14 +96,14 @@ def _free_port() -> int:
 
 
 def test_the_command_serves_from_the_environment_and_stops_on_sigint(
-    emulators: Any, source: tuple[Jobs, dict[str, str]]
+    emulators: Any, showcase: tuple[Jobs, dict[str, str]]
 ) -> None:
-    jobs, _ = source
+    jobs, _ = showcase
     port = _free_port()
     env = {
         **os.environ,
         **emulators.env(),
-        "PUBSUB_WORKER_SUBSCRIPTION": SUB,
+        "PUBSUB_WORKER_SUBSCRIPTION": SHOWCASE_SUB,
         "PUBSUB_WORKER_COLLECTION": jobs.collection,
     }
     command = [sys.executable, "-m", "pubsub_worker.cli", "ui", "--port", str(port)]
@@ -132,7 +119,7 @@ def test_the_command_serves_from_the_environment_and_stops_on_sigint(
                 assert time.monotonic() < deadline, "the dashboard did not answer"
                 time.sleep(0.2)
         assert overview.status_code == 200
-        assert "ui-http" in overview.text
+        assert "ui-attachments" in overview.text
         assert "read-only" in overview.text
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=20)
@@ -141,7 +128,7 @@ def test_the_command_serves_from_the_environment_and_stops_on_sigint(
         if process.poll() is None:
             process.kill()
         process.communicate()
-    assert f"jobs dashboard on http://127.0.0.1:{port} (read-only) for {SUB}" in err
+    assert f"jobs dashboard on http://127.0.0.1:{port} (read-only) for {SHOWCASE_SUB}" in err
 
 
 def test_the_command_says_in_one_line_when_firestore_does_not_answer(emulators: Any) -> None:
@@ -149,7 +136,7 @@ def test_the_command_says_in_one_line_when_firestore_does_not_answer(emulators: 
         **os.environ,
         **emulators.env(),
         "FIRESTORE_EMULATOR_HOST": f"127.0.0.1:{_free_port()}",
-        "PUBSUB_WORKER_SUBSCRIPTION": SUB,
+        "PUBSUB_WORKER_SUBSCRIPTION": SHOWCASE_SUB,
     }
     done = subprocess.run(
         [sys.executable, "-m", "pubsub_worker.cli", "ui", "--port", str(_free_port())],
