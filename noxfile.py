@@ -76,6 +76,16 @@ def demo(session: nox.Session) -> None:
     session.run("python", "-m", "samples.attachment_worker.demo", *session.posargs)
 
 
+@nox.session(name="ui-demo")
+def ui_demo(session: nox.Session) -> None:
+    """The demo, then its worker and emulators kept running for ``pubsub-worker ui`` (docs/ui.md).
+
+    The dashboard is installed here too: ``.nox/ui-demo/bin/pubsub-worker ui --allow-actions``.
+    """
+    session.install("-e", ".[ui]")
+    session.run("python", "-m", "samples.attachment_worker.ui_demo", *session.posargs)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite against the real emulators (started by the emulator package).

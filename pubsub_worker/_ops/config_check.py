@@ -21,6 +21,7 @@ Firestore              it does not answer
 TTL policy, indexes    never: hints with the ``gcloud`` commands (checked through the
                        Firestore Admin API on real Firestore, where permitted); an
                        unsharded listing index left from an earlier release is a hint
+dashboard indexes      never: hints with the commands of ``pubsub-worker ui``'s two indexes
 index exemptions       never: on real Firestore, a hint with its ``gcloud`` command per
                        field of ``EXEMPT_FIELDS`` still indexed (``ListFields``, the
                        explicit overrides); on the emulator, that it does not apply
@@ -46,8 +47,11 @@ from pubsub_worker.settings import Settings
 
 from . import replay_route
 from .config_report import (
+    DASHBOARD_INDEXES,
     EXEMPT_FIELDS,
+    dashboard_index_hints,
     exemption_hints,
+    index_command,
     index_commands,
     index_hints,
     ttl_command,
@@ -347,6 +351,9 @@ def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> lis
         f"point a TTL policy at it: {ttl_command(collection)}"
     )
     index_hint = "`jobs list` needs two composite indexes: " + "; ".join(index_commands(collection))
+    ui_hint = "`pubsub-worker ui` needs two more: " + "; ".join(
+        index_command(collection, i) for i in DASHBOARD_INDEXES
+    )
     exempt_hint = (
         f"{len(EXEMPT_FIELDS)} fields no query reads should be exempt from single-field "
         "indexing (docs/operations.md, Capacity)"
@@ -355,6 +362,7 @@ def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> lis
         return [
             Check("TTL policy", Level.HINT, ttl_hint + " (not checked: the emulator has no TTL)"),
             Check("indexes", Level.HINT, index_hint + " (the emulator needs none)"),
+            Check("dashboard indexes", Level.HINT, ui_hint + " (the emulator needs none)"),
             Check(
                 "index exemptions",
                 Level.HINT,
@@ -378,6 +386,7 @@ def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> lis
         return [
             Check("TTL policy", Level.HINT, ttl_hint + why),
             Check("indexes", Level.HINT, index_hint + why),
+            Check("dashboard indexes", Level.HINT, ui_hint + why),
             Check("index exemptions", Level.HINT, exempt_hint + why),
         ]
     state = getattr(getattr(getattr(field, "ttl_config", None), "state", None), "name", "")
@@ -392,9 +401,13 @@ def _firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> lis
         Check("index exemptions", Level.HINT, hint)
         for hint in exemption_hints(collection, overrides)
     ]
+    hints = dashboard_index_hints(collection, indexes)
+    dashboard = [Check("dashboard indexes", Level.HINT, hint) for hint in hints]
     all_exempt = f"the {len(EXEMPT_FIELDS)} fields no query reads are not indexed"
+    ui_ok = "both composite indexes of `pubsub-worker ui` exist"
     return [
         ttl,
         *(indexed or [Check("indexes", Level.OK, "both composite indexes of `jobs list` exist")]),
+        *(dashboard or [Check("dashboard indexes", Level.OK, ui_ok)]),
         *(exempt or [Check("index exemptions", Level.OK, all_exempt)]),
     ]

@@ -29,12 +29,12 @@ from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 
+from pubsub_worker._variables import env_name
 from pubsub_worker.errors import ConfigError
 from pubsub_worker.settings import (
     CLOUD_RUN_GRACE_S,
     Settings,
     cloud_run,
-    env_name,
     platform_overrides,
 )
 from pubsub_worker.stores import base as s
@@ -42,6 +42,7 @@ from pubsub_worker.stores.base import Status
 
 __all__ = [
     "CLOUD_RUN_GRACE_S",
+    "DASHBOARD_INDEXES",
     "EXEMPT_FIELDS",
     "LIST_INDEXES",
     "QUERIED_FIELDS",
@@ -50,6 +51,7 @@ __all__ = [
     "QueryShape",
     "SettingRow",
     "cloud_run",
+    "dashboard_index_hints",
     "effective_settings",
     "exemption_command",
     "exemption_commands",
@@ -166,6 +168,25 @@ The shard comes before ``updated_at``: a subscription's writes then land at
 the ends of :data:`~pubsub_worker.stores.base.SHARDS` index ranges, each
 taking Firestore's 500 writes per second for sequential values, not at one."""
 
+DASHBOARD_INDEXES: tuple[tuple[IndexField, ...], ...] = (
+    (
+        IndexField(s.SUBSCRIPTION),
+        IndexField(s.STATUS),
+        IndexField(s.REASON),
+        IndexField(s.SHARD),
+        _NEWEST_FIRST,
+    ),
+    (
+        IndexField(s.SUBSCRIPTION),
+        IndexField(s.STATUS),
+        IndexField(s.SHARD),
+        IndexField(s.UPDATED_AT),
+    ),
+)
+"""The composite indexes ``pubsub-worker ui`` adds: failed jobs by reason (its review queue;
+only documents that ever failed carry ``reason``, so only they have entries), and a status
+oldest first (the overview's oldest running job; one more entry per job write)."""
+
 UNSHARDED_INDEXES: tuple[tuple[IndexField, ...], ...] = (
     (IndexField(s.SUBSCRIPTION), _NEWEST_FIRST),
     (IndexField(s.SUBSCRIPTION), IndexField(s.STATUS), _NEWEST_FIRST),
@@ -233,19 +254,22 @@ class QueryShape:
         )
 
 
-def list_query_shape(status: Status | None, *, older_than: bool) -> QueryShape:
-    """The shape of the query :func:`~pubsub_worker._ops.jobs.list_jobs` sends. Pure."""
+def list_query_shape(
+    status: Status | None, *, older_than: bool, reason: bool = False, oldest_first: bool = False
+) -> QueryShape:
+    """The shape of :func:`~pubsub_worker._ops.listing.listing_query`'s query. Pure."""
     equalities = (s.SUBSCRIPTION,) if status is None else (s.SUBSCRIPTION, s.STATUS)
     return QueryShape(
-        equalities=equalities,
+        equalities=equalities + ((s.REASON,) if reason else ()),
         disjunction=s.SHARD,
         range_field=s.UPDATED_AT if older_than else None,
-        order=IndexField(s.UPDATED_AT, descending=True),
+        order=IndexField(s.UPDATED_AT, descending=not oldest_first),
     )
 
 
 def indexes_json(collection: str) -> dict[str, Any]:
-    """:data:`LIST_INDEXES` and :data:`EXEMPT_FIELDS` as ``firestore.indexes.json``.
+    """:data:`LIST_INDEXES`, :data:`DASHBOARD_INDEXES` and :data:`EXEMPT_FIELDS` as
+    ``firestore.indexes.json``.
 
     ``expire_at``'s override also turns the TTL policy on (``"ttl": true``).
     """
@@ -259,7 +283,7 @@ def indexes_json(collection: str) -> dict[str, Any]:
                     for f in index
                 ],
             }
-            for index in LIST_INDEXES
+            for index in LIST_INDEXES + DASHBOARD_INDEXES
         ],
         "fieldOverrides": [
             {
@@ -362,6 +386,16 @@ def index_hints(collection: str, indexes: Iterable[Any]) -> list[str]:
                     f"gcloud firestore indexes composite delete {index_id}"
                 )
     return hints
+
+
+def dashboard_index_hints(collection: str, indexes: Iterable[Any]) -> list[str]:
+    """The :data:`DASHBOARD_INDEXES` missing from ``indexes``, each with its command."""
+    indexes = list(indexes)
+    return [
+        f"`pubsub-worker ui` lacks a composite index; create it: {index_command(collection, i)}"
+        for i in DASHBOARD_INDEXES
+        if not has_index(indexes, i)
+    ]
 
 
 def exemption_hints(collection: str, overrides: Iterable[Any]) -> list[str]:

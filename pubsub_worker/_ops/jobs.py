@@ -56,6 +56,7 @@ from pubsub_worker.stores.base import JobStore, Status
 
 from .config_report import index_command, list_query_shape
 from .jobs_view import JobView
+from .listing import listing_query
 
 __all__ = [
     "Backfill",
@@ -135,6 +136,7 @@ def list_jobs(
     subscription: str,
     *,
     status: Status | None = None,
+    reason: str | None = None,
     older_than_s: float | None = None,
     limit: int = 50,
     after: str | None = None,
@@ -144,24 +146,22 @@ def list_jobs(
 
     ``older_than_s`` keeps jobs whose last write (``updated_at``, the
     writer's clock) is at least that old: stuck ones, with ``status``
-    running. ``after`` is the cursor of the previous page. A document with
+    running. ``reason`` keeps failed jobs of that reason (with ``status``
+    failed). ``after`` is the cursor of the previous page. A document with
     no shard is not listed (:func:`backfill_shards`). Raises
     :class:`IndexMissing` when real Firestore lacks the query's index and
     :class:`~pubsub_worker.errors.StoreError` when it fails otherwise.
     """
     now = now or now_utc()
-    shape = list_query_shape(status, older_than=older_than_s is not None)
-    query = client.collection(collection).where(
-        filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)
-    )
-    if status is not None:
-        query = query.where(filter=FieldFilter(s.STATUS, "==", status.value))
-    query = query.where(filter=FieldFilter(s.SHARD, "in", list(range(s.SHARDS))))
-    if older_than_s is not None:
-        cutoff = now - timedelta(seconds=older_than_s)
-        query = query.where(filter=FieldFilter(s.UPDATED_AT, "<", cutoff))
-    query = query.order_by(s.UPDATED_AT, direction="DESCENDING").order_by(
-        "__name__", direction="DESCENDING"
+    shape = list_query_shape(status, older_than=older_than_s is not None, reason=reason is not None)
+    query = listing_query(
+        client,
+        collection,
+        subscription,
+        status=status,
+        reason=reason,
+        older_than_s=older_than_s,
+        now=now,
     )
     if after is not None:
         updated_at, doc_id = decode_cursor(after)

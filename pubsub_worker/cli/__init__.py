@@ -11,7 +11,9 @@
     pubsub-worker jobs list [--status S] [--older-than 10m] [--limit N] [--after CURSOR]
     pubsub-worker jobs stats                      jobs per status, oldest running, pending reviews
     pubsub-worker jobs release KEY [--epoch N]    drop a stuck owner's claim (fenced)
-    pubsub-worker jobs replay KEY... | --all-failed [--dry-run] [--topic T]
+    pubsub-worker jobs replay KEY... | --all-failed [--dry-run] [--fan-out | --topic T]
+    pubsub-worker jobs replay-setup               the replay topic: replays reach this subscription
+    pubsub-worker ui [--allow-actions]            the jobs dashboard (the ui extra)
     pubsub-worker jobs backfill-shards            once, after upgrading: shards for old documents
     pubsub-worker --version
 
@@ -66,13 +68,13 @@ from pubsub_worker._ops.jobs import IndexMissing
 from pubsub_worker._support.distribution import NAME, installed_version
 from pubsub_worker.errors import ConfigError, PubSubWorkerError, StoreError, Unreachable
 
-from . import config, jobs, push, run
+from . import config, jobs, push, run, ui
 from .exit_codes import ExitCode
 from .output import Output
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS = (run, push, config, jobs)
+COMMANDS = (run, push, config, jobs, ui)
 """The command modules, in the order ``--help`` lists them."""
 
 _REQUEST_REFUSED = (

@@ -71,6 +71,7 @@ def test_a_non_exactly_once_subscription_and_a_missing_failure_topic_are_problem
         "Firestore": "ok",
         "TTL policy": "hint",
         "indexes": "hint",
+        "dashboard indexes": "hint",
         "index exemptions": "hint",
     }
     settings = {row["variable"]: row for row in document["settings"]}
@@ -134,6 +135,7 @@ def test_a_subscription_set_up_for_the_worker_passes_with_its_warnings(
         "Firestore": "ok",
         "TTL policy": "hint",
         "indexes": "hint",
+        "dashboard indexes": "hint",
         "index exemptions": "hint",
     }
     settings = {row["variable"]: row for row in document["settings"]}
@@ -173,6 +175,7 @@ def test_a_missing_subscription_and_an_unreachable_firestore_are_problems(
         "Firestore": "problem",
         "TTL policy": "hint",
         "indexes": "hint",
+        "dashboard indexes": "hint",
         "index exemptions": "hint",
     }
     details = {check["check"]: check["detail"] for check in document["checks"]}

@@ -7,8 +7,9 @@ Layers, bottom up (a module may import its own layer's modules and those below):
     _support                                logs, metrics, tracing, limits, clients, text
     stores, _delivery                       the store contract and stores; the Pub/Sub side
     _job                                    the Firestore side: the job a handler sees
-    _worker, _ops, push                     the engine; what the operator's commands run; the
-                                            push endpoint (a push request through the engine)
+    _worker, _ops, push, ui                 the engine; what the operator's commands run; the
+                                            push endpoint (a push request through the engine);
+                                            the jobs dashboard (through _ops)
     cli, __init__                           the command and the front door
 
 Run alone: ``pytest tests/unit/test_layers.py``; it reads the imports, nothing is run.
@@ -36,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_worker": 5,
     "_ops": 5,
     "push": 5,
+    "ui": 5,
     "cli": 6,
     "__init__": 7,
 }

@@ -100,6 +100,24 @@ def test_wheel_holds_every_module_of_both_packages(built: Built) -> None:
         assert on_disk <= set(built.wheel_names), sorted(on_disk - set(built.wheel_names))
 
 
+def test_wheel_holds_the_dashboard_s_templates_and_static_files(built: Built) -> None:
+    ui = ROOT / "pubsub_worker" / "ui"
+    data = {
+        path.relative_to(ROOT).as_posix()
+        for folder in ("templates", "static")
+        for path in (ui / folder).iterdir()
+    }
+    assert {"pubsub_worker/ui/static/htmx.min.js", "pubsub_worker/ui/static/ui.css"} <= data
+    assert "pubsub_worker/ui/templates/base.html" in data
+    assert data <= set(built.wheel_names), sorted(data - set(built.wheel_names))
+
+
+def test_the_ui_extra_brings_what_the_dashboard_imports(built: Built) -> None:
+    requires = built.metadata().get_all("Requires-Dist") or []
+    ui = sorted(r.split(";")[0].split(">")[0].strip() for r in requires if "extra == 'ui'" in r)
+    assert ui == ["jinja2", "requests", "starlette", "uvicorn"]
+
+
 def test_wheel_is_typed(built: Built) -> None:
     assert "pubsub_worker/py.typed" in built.wheel_names
     assert "emulator/py.typed" in built.wheel_names

@@ -61,8 +61,23 @@ def test_every_listing_query_has_its_composite_index(
     assert shape.range_field in (None, shape.order.path)
 
 
+@pytest.mark.parametrize("older_than", [False, True])
+def test_every_query_of_the_dashboard_has_its_composite_index(older_than: bool) -> None:
+    by_reason = cr.list_query_shape(Status.FAILED, older_than=older_than, reason=True)
+    assert by_reason.index() == cr.DASHBOARD_INDEXES[0]
+    assert [f.path for f in by_reason.index()][:3] == [s.SUBSCRIPTION, s.STATUS, s.REASON]
+    # Counting stuck jobs is the listing's --older-than shape: no index of its own.
+    stuck = cr.list_query_shape(Status.RUNNING, older_than=older_than)
+    assert stuck.index() in cr.LIST_INDEXES
+    oldest = cr.list_query_shape(Status.RUNNING, older_than=False, oldest_first=True)
+    assert oldest.index() == cr.DASHBOARD_INDEXES[1]
+    assert not oldest.order.descending
+    # No index serves two shapes: the two are what the dashboard adds, nothing more.
+    assert not set(cr.DASHBOARD_INDEXES) & set(cr.LIST_INDEXES)
+
+
 def test_every_listing_index_puts_the_shard_before_the_timestamp() -> None:
-    for index in cr.LIST_INDEXES:
+    for index in cr.LIST_INDEXES + cr.DASHBOARD_INDEXES:
         paths = [f.path for f in index]
         assert paths.index(s.SHARD) == len(paths) - 2
         assert paths[-1] == s.UPDATED_AT
@@ -175,7 +190,8 @@ class FakeAdmin:
         refuse: Exception | None = None,
     ) -> None:
         self.ttl = admin_v1.Field(ttl_config=admin_v1.Field.TtlConfig(state=ttl_state))
-        self.indexes = indexes if indexes is not None else [index(i) for i in cr.LIST_INDEXES]
+        every = cr.LIST_INDEXES + cr.DASHBOARD_INDEXES
+        self.indexes = indexes if indexes is not None else [index(i) for i in every]
         self.overrides = overrides if overrides is not None else exempt_all()
         self.refuse = refuse
         self.asked: list[dict[str, Any]] = []
@@ -224,6 +240,7 @@ def test_a_database_set_up_as_documented_passes_every_setup_check() -> None:
     assert [(c.name, c.level) for c in checks] == [
         ("TTL policy", cc.Level.OK),
         ("indexes", cc.Level.OK),
+        ("dashboard indexes", cc.Level.OK),
         ("index exemptions", cc.Level.OK),
     ]
     assert admin.asked == [{"parent": PARENT, "filter": "indexConfig.usesAncestorConfig:false"}]
@@ -273,6 +290,21 @@ def test_missing_and_leftover_listing_indexes_are_hints_with_their_commands() ->
     assert "(subscription, status, updated_at)" in hints[2].detail
 
 
+def test_a_missing_dashboard_index_is_a_hint_with_its_command() -> None:
+    admin = FakeAdmin(indexes=[index(i) for i in cr.LIST_INDEXES + cr.DASHBOARD_INDEXES[:1]])
+    (hint,) = by_name(setup_checks(lambda: admin), "dashboard indexes")
+    assert hint.level is cc.Level.HINT
+    assert hint.detail == (
+        "`pubsub-worker ui` lacks a composite index; create it: "
+        "gcloud firestore indexes composite create --collection-group=jobs "
+        "--field-config=field-path=subscription,order=ascending "
+        "--field-config=field-path=status,order=ascending "
+        "--field-config=field-path=shard,order=ascending "
+        "--field-config=field-path=updated_at,order=ascending"
+    )
+    assert by_name(setup_checks(lambda: admin), "indexes")[0].level is cc.Level.OK
+
+
 def test_without_admin_access_or_on_the_emulator_the_exemptions_are_hints_that_say_why() -> None:
     refusal: Any = gexc.PermissionDenied  # the exception classes are untyped
     denied = FakeAdmin(refuse=refusal("datastore.indexes.list"))
@@ -280,9 +312,10 @@ def test_without_admin_access_or_on_the_emulator_the_exemptions_are_hints_that_s
     assert [(c.name, c.level) for c in checks] == [
         ("TTL policy", cc.Level.HINT),
         ("indexes", cc.Level.HINT),
+        ("dashboard indexes", cc.Level.HINT),
         ("index exemptions", cc.Level.HINT),
     ]
-    assert "could not check: PermissionDenied" in checks[2].detail
+    assert "could not check: PermissionDenied" in checks[3].detail
 
     emulator = setup_checks(None)
     (exemptions,) = by_name(emulator, "index exemptions")

@@ -1,0 +1,114 @@
+"""The dashboard on a big collection: each page's server answer, timed on the emulators.
+
+``python -m benchmarks.ui --jobs 100000`` starts the Pub/Sub and Firestore
+emulators, writes ``--jobs`` job documents in the stored layout (batches of
+500, with progress: :func:`benchmarks.ui_support.seed_jobs`), serves
+``pubsub-worker ui --allow-actions`` in this process and asks each page
+``--repeat`` times after one warm-up, over HTTP, printing the median and the
+slowest answer. Every page answers from indexed queries with paging: the
+counts are ``count()`` aggregations, the lists one page of the listing's
+query, a key prefix at most 2,000 documents, a replay's dry run the 500
+newest of a group.
+
+The Firestore emulator answers queries and aggregations by reading its
+documents (it has no indexes), so its times grow with the collection where
+real Firestore's do not; they show where the dashboard's own time goes, not
+what production answers. Not a test: figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from urllib.parse import quote
+
+import google.cloud.pubsub_v1 as pubsub_v1
+import httpx
+from google.cloud import firestore
+
+import pubsub_worker
+from benchmarks.ui_support import seed_jobs, serving
+from emulator import start_emulators
+from pubsub_worker._job.keys import document_id
+from pubsub_worker.ui import Jobs, create_app
+
+__all__ = ["main", "pages"]
+
+PROJECT = "ui-bench"
+COLLECTION = "pubsub_worker_jobs"
+
+
+def pages(subscription: str, sample_doc: str) -> dict[str, str]:
+    """What is asked: each page of the dashboard, and the parts it refreshes."""
+    sub = quote(subscription, safe="")
+    return {
+        "overview": "/",
+        "overview: counts part": f"/parts/counts?sub={sub}",
+        "overview: running part": f"/parts/running?sub={sub}",
+        "job list": f"/jobs?sub={sub}",
+        "job list, failed": f"/jobs?sub={sub}&status=failed",
+        "job list, failed, reason": f"/jobs?sub={sub}&status=failed&reason=too_large",
+        "job list, last week's first day": f"/jobs?sub={sub}&until=" + _days_ago(6),
+        "job list, key prefix (rare)": f"/jobs?sub={sub}&prefix=op-00999",
+        "job page": f"/jobs/{sample_doc}",
+        "review queue": f"/review?sub={sub}",
+        "replay dry run (500 newest)": f"/review/replay?sub={sub}&reason=attempts",
+    }
+
+
+def _days_ago(days: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - days * 86400))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ui", description=__doc__)
+    parser.add_argument("--jobs", type=int, default=100_000, help="job documents to seed")
+    parser.add_argument("--repeat", type=int, default=5, help="timed answers per page")
+    args = parser.parse_args(argv)
+    print(f"starting the emulators; seeding {args.jobs:,} jobs", flush=True)
+    with start_emulators(PROJECT) as emu:
+        emu.export_env()
+        publisher = pubsub_v1.PublisherClient()
+        subscriber = pubsub_v1.SubscriberClient()
+        topic = publisher.create_topic(name=f"projects/{PROJECT}/topics/orders").name
+        subscription = subscriber.create_subscription(
+            request={"name": f"projects/{PROJECT}/subscriptions/orders-worker", "topic": topic}
+        ).name
+        client = firestore.Client(project=PROJECT)
+        started = time.perf_counter()
+        seed_jobs(client, COLLECTION, subscription, args.jobs)
+        seeded_s = time.perf_counter() - started
+        print(f"seeded in {seeded_s:.0f} s ({args.jobs / seeded_s:,.0f} documents/s)")
+        settings = pubsub_worker.Settings(subscription=subscription, collection=COLLECTION)
+        jobs = Jobs(settings, client=client)
+        sample = document_id(subscription, "op-0000042")
+        rows = []
+        app = create_app(jobs, allow_actions=True)
+        with serving(app) as url, httpx.Client(base_url=url, timeout=600) as http:
+            for name, path in pages(subscription, sample).items():
+                answer = http.get(path)  # warm-up
+                if answer.status_code != 200:
+                    print(f"{name}: HTTP {answer.status_code}", file=sys.stderr)
+                    return 1
+                times = []
+                for _ in range(args.repeat):
+                    begun = time.perf_counter()
+                    http.get(path).raise_for_status()
+                    times.append((time.perf_counter() - begun) * 1000)
+                rows.append((name, statistics.median(times), max(times)))
+                print(f"  {name:<34} median {rows[-1][1]:8.0f} ms  max {rows[-1][2]:8.0f} ms")
+        jobs.close()
+        subscriber.close()
+    print()
+    print(f"| page ({args.jobs:,} jobs, Firestore emulator) | median ms | slowest ms |")
+    print("| --- | ---: | ---: |")
+    for name, median, slowest in rows:
+        print(f"| {name} | {median:,.0f} | {slowest:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

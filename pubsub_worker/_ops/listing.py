@@ -1,0 +1,62 @@
+"""The query every listing of jobs sends, and what the dashboard counts with it.
+
+One Firestore query per listing (``jobs list``, the dashboard's pages)::
+
+    where subscription == S [and status == X] [and reason == R]
+          and shard in [0 .. SHARDS - 1] [and updated_at < now - AGE]
+    order by updated_at desc, __name__ desc        (asc: oldest first)
+
+Real Firestore answers it only from a composite index
+(:func:`~pubsub_worker._ops.config_report.list_query_shape` names it). Paged by
+:func:`pubsub_worker._ops.jobs.list_jobs`; counted by
+:mod:`pubsub_worker._ops.job_counts`, which sends the same query as a
+``count()`` aggregation, answered from the same index.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from google.cloud.firestore_v1.base_query import FieldFilter
+
+from pubsub_worker._job.lease import now_utc
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import Status
+
+__all__ = ["listing_query"]
+
+
+def listing_query(
+    client: Any,
+    collection: str,
+    subscription: str,
+    *,
+    status: Status | None = None,
+    reason: str | None = None,
+    older_than_s: float | None = None,
+    now: datetime | None = None,
+    oldest_first: bool = False,
+) -> Any:
+    """The query of a listing, without its limit and cursor.
+
+    ``status`` and ``reason`` (a failed job's, with ``status`` failed) are
+    equalities, ``older_than_s`` keeps jobs last written at least that long
+    before ``now``. Newest first, or ``oldest_first``. Each shape has its
+    composite index: :func:`~pubsub_worker._ops.config_report.list_query_shape`.
+    """
+    query = client.collection(collection).where(
+        filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)
+    )
+    if status is not None:
+        query = query.where(filter=FieldFilter(s.STATUS, "==", status.value))
+    if reason is not None:
+        query = query.where(filter=FieldFilter(s.REASON, "==", reason))
+    query = query.where(filter=FieldFilter(s.SHARD, "in", list(range(s.SHARDS))))
+    if older_than_s is not None:
+        cutoff = (now or now_utc()) - timedelta(seconds=older_than_s)
+        query = query.where(filter=FieldFilter(s.UPDATED_AT, "<", cutoff))
+    direction = "ASCENDING" if oldest_first else "DESCENDING"
+    return query.order_by(s.UPDATED_AT, direction=direction).order_by(
+        "__name__", direction=direction
+    )
