@@ -6,7 +6,7 @@ entries counted): no full scan, whatever the collection holds.
 
 * By status (or all of a subscription's): ``subscription == S [and status ==
   X]``, the query ``failed`` sends, served by merging the two single-field
-  indexes of :data:`~pubsub_worker._ops.config_report.QUERIED_FIELDS`; it counts
+  indexes of :data:`~pubsub_worker._ops.job_layout.QUERIED_FIELDS`; it counts
   a document written before the shard too.
 * By failure reason, or last written before a time (stuck): a listing's own
   query (:func:`~pubsub_worker._ops.listing.listing_query`), served by the
@@ -38,7 +38,7 @@ from pubsub_worker.errors import StoreError
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import Status
 
-from .config_report import index_command, list_query_shape
+from .job_layout import index_command, list_query_shape
 from .jobs import IndexMissing
 from .jobs_view import JobView
 from .listing import listing_query

@@ -14,7 +14,7 @@ JSON) is :mod:`pubsub_worker._ops.jobs_view`.
     order by updated_at desc, __name__ desc   limit N [start after the cursor]
 
 Real Firestore answers it only from a composite index (the emulator asks
-for none): :data:`~pubsub_worker._ops.config_report.LIST_INDEXES`, the shard
+for none): :data:`~pubsub_worker._ops.job_layout.LIST_INDEXES`, the shard
 before ``updated_at``, so a subscription's writes land at the ends of
 :data:`~pubsub_worker.stores.base.SHARDS` index ranges, not one (each takes
 Firestore's 500 writes per second for sequential values). The ``in`` filter
@@ -54,7 +54,7 @@ from pubsub_worker.errors import PubSubWorkerError, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobStore, Status
 
-from .config_report import index_command, list_query_shape
+from .job_layout import index_command, list_query_shape
 from .jobs_view import JobView
 from .listing import listing_query
 

@@ -7,7 +7,7 @@ One Firestore query per listing (``jobs list``, the dashboard's pages)::
     order by updated_at desc, __name__ desc        (asc: oldest first)
 
 Real Firestore answers it only from a composite index
-(:func:`~pubsub_worker._ops.config_report.list_query_shape` names it). Paged by
+(:func:`~pubsub_worker._ops.job_layout.list_query_shape` names it). Paged by
 :func:`pubsub_worker._ops.jobs.list_jobs`; counted by
 :mod:`pubsub_worker._ops.job_counts`, which sends the same query as a
 ``count()`` aggregation, answered from the same index.
@@ -43,7 +43,7 @@ def listing_query(
     ``status`` and ``reason`` (a failed job's, with ``status`` failed) are
     equalities, ``older_than_s`` keeps jobs last written at least that long
     before ``now``. Newest first, or ``oldest_first``. Each shape has its
-    composite index: :func:`~pubsub_worker._ops.config_report.list_query_shape`.
+    composite index: :func:`~pubsub_worker._ops.job_layout.list_query_shape`.
     """
     query = client.collection(collection).where(
         filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)

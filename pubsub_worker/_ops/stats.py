@@ -5,7 +5,7 @@ It reads through a :class:`JobIndex`, the listing index of one subscription
 (:class:`FirestoreJobIndex` on Firestore, :class:`MemoryJobIndex` on the
 in-memory store), and never scans the collection. On Firestore every query
 is one the listing indexes serve
-(:data:`~pubsub_worker._ops.config_report.LIST_INDEXES`, the second one:
+(:data:`~pubsub_worker._ops.job_layout.LIST_INDEXES`, the second one:
 ``subscription, status, shard, updated_at desc``)::
 
     count()   where subscription == S and status == X and shard in [0 .. SHARDS - 1]
@@ -52,7 +52,7 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import Review, Status
 from pubsub_worker.stores.memory import MemoryJobStore
 
-from .config_report import index_command, list_query_shape
+from .job_layout import index_command, list_query_shape
 from .jobs import IndexMissing
 from .jobs_view import JobView
 

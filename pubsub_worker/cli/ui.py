@@ -8,7 +8,7 @@ with ``--allow-actions``, and bound to loopback unless another ``--host`` is
 given (then it says so: put it behind Identity-Aware Proxy, and give
 ``--iap-audience`` so that it refuses whatever IAP did not sign, docs/ui.md).
 Firestore is read once before it listens, so a bad setting or an unreachable
-Firestore exits 2 with one line.
+Firestore exits 3 with one line.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def cmd_ui(args: argparse.Namespace, out: Output) -> int:
     logging.getLogger("google").setLevel(logging.WARNING)
     names = [settings.subscription_path, *(args.subscription or [])]
     jobs = Jobs(settings, names)
-    clients.check_firestore(jobs.client, settings)  # Unreachable: one line, exit 2
+    clients.check_firestore(jobs.client, settings)  # Unreachable: one line, exit 3
     loopback = is_loopback(args.host)
     iap = IapVerifier(args.iap_audience) if args.iap_audience else None
     app = create_app(jobs, allow_actions=args.allow_actions, loopback=loopback, iap=iap)

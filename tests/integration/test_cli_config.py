@@ -67,6 +67,7 @@ def test_a_non_exactly_once_subscription_and_a_missing_failure_topic_are_problem
         "retry policy": "hint",
         "dead-letter policy": "ok",
         "subscription's topic": "ok",
+        "replay": "warning",  # no replay subscription: jobs replay would refuse
         "failure topic": "problem",
         "Firestore": "ok",
         "TTL policy": "hint",
@@ -117,6 +118,8 @@ def test_a_subscription_set_up_for_the_worker_passes_with_its_warnings(
         PUBSUB_WORKER_LEASE_SECONDS="20",
         CLOUD_RUN_WORKER_POOL="orders-worker",
     )
+    assert main(["jobs", "replay-setup"]) == 0  # replays reach this subscription alone
+    capsys.readouterr()
 
     code, document = config_json(capsys)
 
@@ -131,6 +134,7 @@ def test_a_subscription_set_up_for_the_worker_passes_with_its_warnings(
         "dead-letter policy": "warning",  # 5 deliveries: not more than MAX_ATTEMPTS
         "subscription's topic": "ok",
         "dead-letter topic": "ok",
+        "replay": "ok",
         "failure topic": "ok",
         "Firestore": "ok",
         "TTL policy": "hint",

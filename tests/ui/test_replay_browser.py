@@ -21,6 +21,7 @@ import pubsub_worker
 from emulator import SubscriptionHandle
 from pubsub_worker import Counter
 from pubsub_worker._job.keys import document_id
+from pubsub_worker._ops import replay_route
 from pubsub_worker.ui import Jobs, create_app
 from tests.support.observe import end_stale_streams
 
@@ -69,6 +70,8 @@ def test_the_review_queue_asks_previews_and_replays_and_the_job_runs_again(
 
     broken["b"] = False  # the reviewer fixed the cause
     end_stale_streams(subscriber, eod_subscription.subscription_path)
+    # Its replay topic (`pubsub-worker jobs replay-setup`): the next worker consumes it.
+    replay_route.setup(settings, subscriber=subscriber, publisher=publisher)
     caplog.set_level(logging.INFO, logger="pubsub_worker.ui")
     source = Jobs(settings, client=firestore_client)
     app = create_app(source, allow_actions=True)

@@ -22,8 +22,9 @@ from google.cloud import firestore_admin_v1 as admin_v1
 from pubsub_worker import Settings
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._ops import config_check as cc
-from pubsub_worker._ops import config_report as cr
+from pubsub_worker._ops import job_layout as jl
 from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops.firestore_check import firestore_setup
 from pubsub_worker._ops.replay import FailedJob, replay
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores import base as s
@@ -55,33 +56,33 @@ def test_a_documents_shard_is_stable_and_every_shard_is_used() -> None:
 def test_every_listing_query_has_its_composite_index(
     status: Status | None, older_than: bool
 ) -> None:
-    shape = cr.list_query_shape(status, older_than=older_than)
-    assert shape.index() in cr.LIST_INDEXES
+    shape = jl.list_query_shape(status, older_than=older_than)
+    assert shape.index() in jl.LIST_INDEXES
     # Firestore: a range filter must be on the first order-by field.
     assert shape.range_field in (None, shape.order.path)
 
 
 @pytest.mark.parametrize("older_than", [False, True])
 def test_every_query_of_the_dashboard_has_its_composite_index(older_than: bool) -> None:
-    by_reason = cr.list_query_shape(Status.FAILED, older_than=older_than, reason=True)
-    assert by_reason.index() == cr.DASHBOARD_INDEXES[0]
+    by_reason = jl.list_query_shape(Status.FAILED, older_than=older_than, reason=True)
+    assert by_reason.index() == jl.DASHBOARD_INDEXES[0]
     assert [f.path for f in by_reason.index()][:3] == [s.SUBSCRIPTION, s.STATUS, s.REASON]
     # Counting stuck jobs is the listing's --older-than shape: no index of its own.
-    stuck = cr.list_query_shape(Status.RUNNING, older_than=older_than)
-    assert stuck.index() in cr.LIST_INDEXES
-    oldest = cr.list_query_shape(Status.RUNNING, older_than=False, oldest_first=True)
-    assert oldest.index() == cr.DASHBOARD_INDEXES[1]
+    stuck = jl.list_query_shape(Status.RUNNING, older_than=older_than)
+    assert stuck.index() in jl.LIST_INDEXES
+    oldest = jl.list_query_shape(Status.RUNNING, older_than=False, oldest_first=True)
+    assert oldest.index() == jl.DASHBOARD_INDEXES[1]
     assert not oldest.order.descending
     # No index serves two shapes: the two are what the dashboard adds, nothing more.
-    assert not set(cr.DASHBOARD_INDEXES) & set(cr.LIST_INDEXES)
+    assert not set(jl.DASHBOARD_INDEXES) & set(jl.LIST_INDEXES)
 
 
 def test_every_listing_index_puts_the_shard_before_the_timestamp() -> None:
-    for index in cr.LIST_INDEXES + cr.DASHBOARD_INDEXES:
+    for index in jl.LIST_INDEXES + jl.DASHBOARD_INDEXES:
         paths = [f.path for f in index]
         assert paths.index(s.SHARD) == len(paths) - 2
         assert paths[-1] == s.UPDATED_AT
-    for old in cr.UNSHARDED_INDEXES:
+    for old in jl.UNSHARDED_INDEXES:
         assert s.SHARD not in [f.path for f in old]
 
 
@@ -96,8 +97,8 @@ def layout_fields() -> set[str]:
 
 
 def test_every_field_of_the_layout_is_queried_or_exempt() -> None:
-    exempt = set(cr.EXEMPT_FIELDS)
-    queried = set(cr.QUERIED_FIELDS)
+    exempt = set(jl.EXEMPT_FIELDS)
+    queried = set(jl.QUERIED_FIELDS)
     assert exempt.isdisjoint(queried)
     assert exempt | queried == layout_fields()
     # What the issue named: the sequential and the large ones are among them.
@@ -113,27 +114,27 @@ def _doc_commands(pattern: str) -> list[str]:
 
 def test_the_shipped_index_file_and_the_doc_list_the_same_indexes_and_overrides() -> None:
     shipped = json.loads((ROOT / "samples/cloud_run/firestore.indexes.json").read_text())
-    assert shipped == cr.indexes_json(COLLECTION)
+    assert shipped == jl.indexes_json(COLLECTION)
     overrides = [o["fieldPath"] for o in shipped["fieldOverrides"]]
-    assert overrides == list(cr.EXEMPT_FIELDS)
+    assert overrides == list(jl.EXEMPT_FIELDS)
     assert all(o["indexes"] == [] for o in shipped["fieldOverrides"])
     assert [o["fieldPath"] for o in shipped["fieldOverrides"] if o.get("ttl")] == [s.EXPIRE_AT]
 
     documented = _doc_commands(r"gcloud firestore indexes fields update \S+ [^\n`]*")
-    assert documented == cr.exemption_commands(COLLECTION)
+    assert documented == jl.exemption_commands(COLLECTION)
     exempted = [command.split()[5] for command in documented]
     assert sorted(exempted) == sorted(overrides)
 
     composite = _doc_commands(r"gcloud firestore indexes composite create [^\n`]*")
-    assert composite == cr.index_commands(COLLECTION)
-    assert cr.index_commands("jobs")[1] == (
+    assert composite == jl.index_commands(COLLECTION)
+    assert jl.index_commands("jobs")[1] == (
         "gcloud firestore indexes composite create --collection-group=jobs "
         "--field-config=field-path=subscription,order=ascending "
         "--field-config=field-path=status,order=ascending "
         "--field-config=field-path=shard,order=ascending "
         "--field-config=field-path=updated_at,order=descending"
     )
-    assert cr.exemption_command("jobs", "steps") == (
+    assert jl.exemption_command("jobs", "steps") == (
         "gcloud firestore indexes fields update steps --collection-group=jobs --disable-indexes"
     )
 
@@ -153,7 +154,7 @@ def field(path: str, *, indexes: Iterable[str] = (), **config: Any) -> admin_v1.
 
 
 def exempt_all() -> list[admin_v1.Field]:
-    return [field(path) for path in cr.EXEMPT_FIELDS]
+    return [field(path) for path in jl.EXEMPT_FIELDS]
 
 
 def path_of(override: admin_v1.Field) -> str:
@@ -161,8 +162,8 @@ def path_of(override: admin_v1.Field) -> str:
 
 
 def test_still_indexed_names_each_field_whose_override_keeps_an_index() -> None:
-    assert cr.still_indexed([]) == list(cr.EXEMPT_FIELDS)
-    assert cr.still_indexed(exempt_all()) == []
+    assert jl.still_indexed([]) == list(jl.EXEMPT_FIELDS)
+    assert jl.still_indexed(exempt_all()) == []
 
     others = [f for f in exempt_all() if path_of(f) not in {s.UPDATED_AT, s.STEPS, s.OUTBOX}]
     answer = [
@@ -172,7 +173,7 @@ def test_still_indexed_names_each_field_whose_override_keeps_an_index() -> None:
         field(s.STEPS, indexes=["ASCENDING", "DESCENDING"]),
         field(s.OUTBOX, reverting=True),  # going back to the defaults: indexed again
     ]
-    assert cr.still_indexed(answer) == [s.STEPS, s.OUTBOX, s.UPDATED_AT]
+    assert jl.still_indexed(answer) == [s.STEPS, s.OUTBOX, s.UPDATED_AT]
 
 
 # -- the checks, on a faked Admin API -----------------------------------------------
@@ -190,7 +191,7 @@ class FakeAdmin:
         refuse: Exception | None = None,
     ) -> None:
         self.ttl = admin_v1.Field(ttl_config=admin_v1.Field.TtlConfig(state=ttl_state))
-        every = cr.LIST_INDEXES + cr.DASHBOARD_INDEXES
+        every = jl.LIST_INDEXES + jl.DASHBOARD_INDEXES
         self.indexes = indexes if indexes is not None else [index(i) for i in every]
         self.overrides = overrides if overrides is not None else exempt_all()
         self.refuse = refuse
@@ -211,7 +212,7 @@ class FakeAdmin:
         return self.overrides
 
 
-def index(fields: tuple[cr.IndexField, ...], index_id: str = "CICAgOjXh4EK") -> admin_v1.Index:
+def index(fields: tuple[jl.IndexField, ...], index_id: str = "CICAgOjXh4EK") -> admin_v1.Index:
     return admin_v1.Index(
         name=f"{PARENT}/indexes/{index_id}",
         query_scope="COLLECTION",
@@ -227,7 +228,7 @@ def index(fields: tuple[cr.IndexField, ...], index_id: str = "CICAgOjXh4EK") -> 
 
 def setup_checks(admin: Any) -> list[cc.Check]:
     settings_ = Settings(subscription=SUB, project="proj", collection="jobs", lease_seconds=60)
-    return cc._firestore_setup(settings_, admin)
+    return firestore_setup(settings_, admin)
 
 
 def by_name(checks: list[cc.Check], name: str) -> list[cc.Check]:
@@ -245,7 +246,7 @@ def test_a_database_set_up_as_documented_passes_every_setup_check() -> None:
     ]
     assert admin.asked == [{"parent": PARENT, "filter": "indexConfig.usesAncestorConfig:false"}]
     assert by_name(checks, "index exemptions")[0].detail == (
-        f"the {len(cr.EXEMPT_FIELDS)} fields no query reads are not indexed"
+        f"the {len(jl.EXEMPT_FIELDS)} fields no query reads are not indexed"
     )
 
 
@@ -258,31 +259,31 @@ def test_each_field_still_indexed_is_a_hint_with_the_command_that_exempts_it() -
     for hint in hints:
         path = hint.detail.split(" ", 1)[0]
         assert hint.detail == (
-            f"{path} is indexed ({cr.EXEMPT_FIELDS[path]}); exempt it: "
+            f"{path} is indexed ({jl.EXEMPT_FIELDS[path]}); exempt it: "
             f"gcloud firestore indexes fields update {path} --collection-group=jobs "
             "--disable-indexes"
         )
 
     fresh = by_name(setup_checks(lambda: FakeAdmin(overrides=[])), "index exemptions")
-    assert len(fresh) == len(cr.EXEMPT_FIELDS)
+    assert len(fresh) == len(jl.EXEMPT_FIELDS)
 
 
 def test_missing_and_leftover_listing_indexes_are_hints_with_their_commands() -> None:
     admin = FakeAdmin(
         ttl_state="STATE_UNSPECIFIED",
         indexes=[
-            index(cr.LIST_INDEXES[0]),
-            index(cr.UNSHARDED_INDEXES[0], "OLDINDEX1"),
-            index(cr.UNSHARDED_INDEXES[1], "OLDINDEX2"),
+            index(jl.LIST_INDEXES[0]),
+            index(jl.UNSHARDED_INDEXES[0], "OLDINDEX1"),
+            index(jl.UNSHARDED_INDEXES[1], "OLDINDEX2"),
         ],
     )
     checks = setup_checks(lambda: admin)
     assert by_name(checks, "TTL policy")[0].level is cc.Level.HINT
-    assert cr.ttl_command("jobs") in by_name(checks, "TTL policy")[0].detail
+    assert jl.ttl_command("jobs") in by_name(checks, "TTL policy")[0].detail
     hints = by_name(checks, "indexes")
     assert [h.level for h in hints] == [cc.Level.HINT] * 3
     assert hints[0].detail == (
-        "`jobs list` lacks a composite index; create it: " + cr.index_commands("jobs")[1]
+        "`jobs list` lacks a composite index; create it: " + jl.index_commands("jobs")[1]
     )
     assert hints[1].detail.endswith("gcloud firestore indexes composite delete OLDINDEX1")
     assert "(subscription, updated_at)" in hints[1].detail
@@ -291,7 +292,7 @@ def test_missing_and_leftover_listing_indexes_are_hints_with_their_commands() ->
 
 
 def test_a_missing_dashboard_index_is_a_hint_with_its_command() -> None:
-    admin = FakeAdmin(indexes=[index(i) for i in cr.LIST_INDEXES + cr.DASHBOARD_INDEXES[:1]])
+    admin = FakeAdmin(indexes=[index(i) for i in jl.LIST_INDEXES + jl.DASHBOARD_INDEXES[:1]])
     (hint,) = by_name(setup_checks(lambda: admin), "dashboard indexes")
     assert hint.level is cc.Level.HINT
     assert hint.detail == (

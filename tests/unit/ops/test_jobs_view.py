@@ -17,7 +17,7 @@ from google.api_core import exceptions as gexc
 
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.keys import derive_identity, document_id
-from pubsub_worker._ops import config_report, jobs_view
+from pubsub_worker._ops import job_layout, jobs_view
 from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.cli import jobs as cli_jobs
@@ -238,7 +238,7 @@ class RefusingQuery:
 def test_a_listing_without_its_index_says_which_command_creates_it() -> None:
     with pytest.raises(job_ops.IndexMissing) as missing:
         job_ops.list_jobs(RefusingQuery(), "jobs", SUB, status=Status.RUNNING, older_than_s=600)
-    assert missing.value.command == config_report.index_commands("jobs")[1]
+    assert missing.value.command == job_layout.index_commands("jobs")[1]
     assert "The query requires an index" in str(missing.value)
 
 

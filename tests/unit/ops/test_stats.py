@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 
-from pubsub_worker._ops import config_report as cr
+from pubsub_worker._ops import job_layout as jl
 from pubsub_worker._ops.jobs import IndexMissing
 from pubsub_worker._ops.stats import FirestoreJobIndex, job_stats
 from pubsub_worker.errors import StoreError
@@ -122,11 +122,11 @@ def test_every_query_is_served_by_a_listing_index_and_none_filters_an_exempt_fie
         assert fields[3:] in ([], [s.UPDATED_AT])
         assert [op for _f, op, _v in query.filters[3:]] in ([], ["<"])
         status = Status(query.filters[1][2])
-        shape = cr.list_query_shape(status, older_than=ranged)
-        assert shape.index() in cr.LIST_INDEXES
+        shape = jl.list_query_shape(status, older_than=ranged)
+        assert shape.index() in jl.LIST_INDEXES
         if not query.counted:  # read newest first: the index's own order, never the reverse
             assert query.orders == [(s.UPDATED_AT, "DESCENDING"), ("__name__", "DESCENDING")]
-        assert not {f for f, _op, _v in query.filters} & set(cr.EXEMPT_FIELDS) - {
+        assert not {f for f, _op, _v in query.filters} & set(jl.EXEMPT_FIELDS) - {
             s.UPDATED_AT,
             s.SHARD,
         }
@@ -146,5 +146,5 @@ def test_a_refused_query_names_its_index_or_is_a_store_error(
         job_stats(FirestoreJobIndex(Client(refuse=refusal), "jobs", SUB), now=AT)
     if raised is IndexMissing:
         assert isinstance(caught.value, IndexMissing)
-        assert caught.value.command == cr.index_commands("jobs")[1]
+        assert caught.value.command == jl.index_commands("jobs")[1]
         assert "\n" not in str(caught.value)
