@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import selectors
 import socket
 import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
+
+from emulator.delay import DelayLine
 
 __all__ = ["TcpProxy"]
 
@@ -67,12 +69,7 @@ class _Connection:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.peer = {client: upstream, upstream: client}
         self.pending = {client: bytearray(), upstream: bytearray()}  # to be written TO key
-        # Chunks to be written TO key, each with the monotonic time it may go, oldest first.
-        self.held: dict[socket.socket, deque[tuple[float, bytes]]] = {
-            client: deque(),
-            upstream: deque(),
-        }
-        self.held_bytes = {client: 0, upstream: 0}
+        self.held = {client: DelayLine(), upstream: DelayLine()}  # to be written TO key, later
         self.eof: set[socket.socket] = set()  # sockets whose peer closed its sending side
         self.registered: dict[socket.socket, int] = {}
 
@@ -83,32 +80,16 @@ class _Connection:
 
     def queued(self, sock: socket.socket) -> int:
         """Bytes still to be written to ``sock``, held or pending."""
-        return len(self.pending[sock]) + self.held_bytes[sock]
-
-    def hold(self, sock: socket.socket, data: bytes, until: float) -> None:
-        """Queue ``data`` for ``sock``, not to be written before ``until``."""
-        self.held[sock].append((until, data))
-        self.held_bytes[sock] += len(data)
+        return len(self.pending[sock]) + self.held[sock].size
 
     def release(self, now: float) -> bool:
-        """Move the chunks whose time came to ``pending``, in order; True if any moved.
-
-        A chunk never overtakes one read before it, even if the delay was
-        shortened in between: order is what TCP promises.
-        """
+        """Move the held chunks whose moment came to ``pending``; True if any moved."""
         moved = False
-        for sock, chunks in self.held.items():
-            while chunks and chunks[0][0] <= now:
-                _, data = chunks.popleft()
-                self.held_bytes[sock] -= len(data)
+        for sock, line in self.held.items():
+            if data := line.release(now):
                 self.pending[sock] += data
                 moved = True
         return moved
-
-    def next_due(self) -> float | None:
-        """When the oldest held chunk may go (None: nothing held)."""
-        heads = [chunks[0][0] for chunks in self.held.values() if chunks]
-        return min(heads) if heads else None
 
 
 class TcpProxy:
@@ -178,9 +159,9 @@ class TcpProxy:
         """Add ``round_trip_s`` seconds to every round trip through the proxy (0: none).
 
         Each chunk read from either side is written to the other no earlier
-        than half of ``round_trip_s`` after it was read (about a millisecond
-        later at most, the selector's resolution), and never before a chunk
-        read earlier in the same direction. Applies to bytes read from now
+        than half of ``round_trip_s`` after it was read (a fraction of a
+        millisecond later on an idle machine), and never before a chunk read
+        earlier in the same direction. Applies to bytes read from now
         on, on live connections and new ones. A close is passed on once the
         bytes before it were delivered.
         """
@@ -267,15 +248,32 @@ class TcpProxy:
             for sock in (self._listener, self._wake_r, self._wake_w):
                 sock.close()
 
+    def _next_due(self) -> float | None:
+        """When the oldest held chunk of any connection may go (None: nothing held)."""
+        due = [
+            moment
+            for conn in self._connections
+            for line in conn.held.values()
+            if (moment := line.due) is not None
+        ]
+        return min(due, default=None)
+
     def _timeout(self) -> float:
-        """How long the selector may wait: until the next held chunk is due, at most 0.5 s."""
-        due = [d for conn in self._connections if (d := conn.next_due()) is not None]
-        if not due:
+        """How long the selector may wait: at most until the next held chunk is due.
+
+        In whole milliseconds rounded down (the selector rounds up: it would
+        wake up to a millisecond late); :meth:`_release_due` sleeps the rest.
+        """
+        due = self._next_due()
+        if due is None:
             return 0.5
-        return min(max(min(due) - time.monotonic(), 0.0), 0.5)
+        return min(math.floor(max(due - time.monotonic(), 0.0) * 1000) / 1000, 0.5)
 
     def _release_due(self) -> None:
         """Hand the held chunks whose time came to their sockets."""
+        due = self._next_due()
+        if due is not None and 0 < (left := due - time.monotonic()) < 0.001:
+            time.sleep(left)  # finer than the selector's milliseconds
         now = time.monotonic()
         for conn in list(self._connections):
             if conn.release(now):
@@ -322,7 +320,7 @@ class TcpProxy:
                 if not data:
                     conn.eof.add(sock)
                 elif self._one_way_s or conn.held[peer]:
-                    conn.hold(peer, data, time.monotonic() + self._one_way_s)
+                    conn.held[peer].hold(data, time.monotonic() + self._one_way_s)
                 else:
                     conn.pending[peer] += data
             if mask & selectors.EVENT_WRITE and conn.pending[sock]:
