@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import profile_tables
+from benchmarks.measure import paired
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate, lone_own_ms
 
@@ -71,21 +72,6 @@ def _rss_per_1000(run: Run) -> float | None:
         return None
     grown = max(p - r for p, r in zip(run["peak_rss_mb"], run["rss_ready_mb"], strict=True))
     return float(grown * 1000 / held)
-
-
-def paired(runs: Sequence[Run], name: str, other: str, get: Callable[[Run], float]) -> list[float]:
-    """``get(name) / get(other)`` within each repeat where both runs are good."""
-    by_repeat = {r["repeat"]: r for r in runs if r["scenario"] == other and r["ok"]}
-    out = []
-    for run in runs:
-        if run["scenario"] != name or not run["ok"] or run["repeat"] not in by_repeat:
-            continue
-        try:
-            base = get(by_repeat[run["repeat"]])
-            out.append(get(run) / base)
-        except (KeyError, ZeroDivisionError):
-            continue
-    return out
 
 
 def summarize(
