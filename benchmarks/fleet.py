@@ -85,6 +85,9 @@ class Plan:
     py_spy: str | None = None
     """The py-spy executable, to profile the backlog phase; None: no profile."""
     profiles: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The consumers' environment over the emulators' own (a delayed scenario: the delay
+    proxies' addresses). The orchestrator itself always talks to the emulators directly."""
 
 
 class Publisher:
@@ -341,7 +344,8 @@ def run_once(
             emulators.reset_firestore()
         data = publisher.payload(scenario.payload_bytes)
         backlog = publisher.publish(handle.topic_path, data, plan.backlog, "backlog")
-        fleet = _Fleet(plan, handle.subscription_path, {**os.environ, **emulators.env()})
+        env = {**os.environ, **emulators.env(), **plan.env}
+        fleet = _Fleet(plan, handle.subscription_path, env)
         _measure(plan, fleet, emulators.pids, backlog, progress, out["phases"])
         publish = functools.partial(publisher.publish, handle.topic_path, data)
         _latency(plan, fleet, publish, progress, out["phases"])

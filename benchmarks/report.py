@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import profile_tables
+from benchmarks.latency import latency_section, latency_targets
 from benchmarks.measure import paired
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate, lone_own_ms
@@ -367,11 +368,12 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """The generated section: settings, targets, the tables, stalls, the plot."""
-    report["targets"] = evaluate(report)
+    report["targets"] = [*evaluate(report), *latency_targets(report)]
     lines = [BEGIN, "", *_header(report), "", "### Targets", "", *_targets_table(report)]
     lines += ["", "### Throughput, CPU and RPCs", "", *_main_table(report)]
     if report.get("plot"):
         lines += ["", f"![throughput vs steps, processes and flow control]({report['plot']})"]
+    lines += latency_section(report)
     versus = _versus_table(report)
     if versus:
         lines += [
