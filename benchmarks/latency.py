@@ -61,6 +61,8 @@ FIRESTORE_RTT_MS = 10.0
 """Added to every Firestore round trip by default: a stand-in, no in-region figure is published."""
 PUBSUB_RTT_MS = 20.0
 """Added to every Pub/Sub round trip by default: a stand-in, no in-region figure is published."""
+PAGE = "benchmarks.md"
+"""The page (beside the report's) that explains the group: its report may be a file of its own."""
 STOCK_DEFAULTS = "stock-eod-default-rtt"
 """The stock client at its defaults through the proxies: every delayed scenario's yardstick."""
 
@@ -191,8 +193,9 @@ def latency_section(report: dict[str, Any]) -> list[str]:
         "",
         f"The consumers, stock and wrapped, reach both emulators through loopback delay proxies "
         f"adding {firestore:g} ms to every Firestore round trip and {pubsub:g} ms to every "
-        "Pub/Sub one ([how, and why these figures](#why-latency)). msg/s: the backlog phase; "
-        f"latency: the paced phase ({options['paced']} messages at {options['rate']:g}/s), "
+        f"Pub/Sub one ([how, and why these figures]({PAGE}#why-latency)). msg/s: the "
+        f"backlog phase; latency: the paced phase ({options['paced']} messages at "
+        f"{options['rate']:g}/s), "
         "publish time to the ack's answer; added: less the stock client's with the same setup, "
         "in the same repeat; lone: a lone message's callback start to the ack's answer. "
         "Medians over repeats.",
@@ -231,6 +234,7 @@ def _added_target(report: dict[str, Any], at: str, firestore_rtt_ms: float) -> T
         "measured": "n/a",
         "met": None,
         "why": "latency",
+        "page": PAGE,
     }
     added = [
         (name, p50, added_ms(report, name, "p99"))
@@ -276,6 +280,7 @@ def latency_targets(report: dict[str, Any]) -> list[Target]:
         ),
     ]
     for target in targets:
+        target["page"] = PAGE
         if target["met"] is False:
             target["stands"] = bound(report, target["scenario"]) or "(no figures)"
     return [*targets, _added_target(report, at, firestore)]

@@ -360,7 +360,7 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
         met = {True: "yes", False: "**no**", None: "n/a"}[target["met"]]
         stands = ""
         if target["met"] is False and target.get("why"):
-            met += f" ([why](#why-{target['why']}))"
+            met += f" ([why]({target.get('page', '')}#why-{target['why']}))"
             stands = target.get("stands", "")
         lines.append(f"| {target['target']} | {target['measured']} | {met} | {stands} |")
     return lines

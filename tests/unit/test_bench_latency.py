@@ -93,6 +93,7 @@ def test_the_targets_are_not_judged_without_their_scenarios() -> None:
 
 def test_the_section_has_a_row_per_delayed_scenario_and_none_without_them() -> None:
     lines = latency_section(_report(RUNS))
+    assert "([how, and why these figures](benchmarks.md#why-latency))" in lines[3]
     rows = [line for line in lines if line.startswith("| run-1-rtt") or line.startswith("| wr")]
     assert rows[0].startswith("| wrapped-1-default-rtt | n/a (1000) / 10 | 230 | 96% | 96% ")
     assert "| 18.0 / 30.0 |" in rows[0]
