@@ -20,6 +20,7 @@ early ends it as failed with its log's tail. Nothing here hangs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -84,6 +85,9 @@ class Plan:
     py_spy: str | None = None
     """The py-spy executable, to profile the backlog phase; None: no profile."""
     profiles: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The consumers' environment over the emulators' own (a delayed scenario: the delay
+    proxies' addresses). The orchestrator itself always talks to the emulators directly."""
 
 
 class Publisher:
@@ -134,6 +138,7 @@ class _Member:
     result: dict[str, Any] | None = None
     leased: int = 0
     alive: bool = True
+    reader: threading.Thread | None = None
 
     def send(self, command: str) -> None:
         assert self.process.stdin is not None
@@ -193,9 +198,10 @@ class _Fleet:
         )
         member = _Member(index, process, log, pid=process.pid)
         self.members.append(member)
-        threading.Thread(
+        member.reader = threading.Thread(
             target=self._read, args=(member,), name=f"bench-read-{index}", daemon=True
-        ).start()
+        )
+        member.reader.start()
 
     def _read(self, member: _Member) -> None:
         assert member.process.stdout is not None
@@ -302,6 +308,12 @@ class _Fleet:
             except subprocess.TimeoutExpired:
                 member.process.kill()
                 member.process.wait()
+            if member.reader is not None:
+                member.reader.join(timeout=10)  # it reads to the end of the gone process's output
+            for pipe in (member.process.stdin, member.process.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):  # stdin: what was left unsent is moot
+                        pipe.close()
             member.log.close()
 
 
@@ -332,7 +344,8 @@ def run_once(
             emulators.reset_firestore()
         data = publisher.payload(scenario.payload_bytes)
         backlog = publisher.publish(handle.topic_path, data, plan.backlog, "backlog")
-        fleet = _Fleet(plan, handle.subscription_path, {**os.environ, **emulators.env()})
+        env = {**os.environ, **emulators.env(), **plan.env}
+        fleet = _Fleet(plan, handle.subscription_path, env)
         _measure(plan, fleet, emulators.pids, backlog, progress, out["phases"])
         publish = functools.partial(publisher.publish, handle.topic_path, data)
         _latency(plan, fleet, publish, progress, out["phases"])

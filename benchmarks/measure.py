@@ -1,14 +1,16 @@
-"""The figures of one phase, from the consumers' records and marks (see :mod:`benchmarks.fleet`)."""
+"""The figures of one phase, from the consumers' records and marks (see :mod:`benchmarks.fleet`),
+and the comparison of two scenarios' runs within each repeat."""
 
 from __future__ import annotations
 
+import operator
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from benchmarks.machine import CpuMark, cpu_between
 
-__all__ = ["Member", "cpu_shares", "percentiles", "phase_stats", "rpc_delta"]
+__all__ = ["Member", "cpu_shares", "paired", "percentiles", "phase_stats", "rpc_delta"]
 
 
 class Member(Protocol):
@@ -34,6 +36,30 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
         "p99": pick(0.99),
         "max": ordered[-1],
     }
+
+
+def paired(
+    runs: Sequence[dict[str, Any]],
+    name: str,
+    other: str,
+    get: Callable[[dict[str, Any]], float],
+    combine: Callable[[float, float], float] = operator.truediv,
+) -> list[float]:
+    """``combine(get(name), get(other))`` within each repeat where both runs are good.
+
+    The ratio by default; ``operator.sub`` for a difference. A run lacking
+    the figure (or a zero to divide by) is left out.
+    """
+    by_repeat = {r["repeat"]: r for r in runs if r["scenario"] == other and r["ok"]}
+    out = []
+    for run in runs:
+        if run["scenario"] != name or not run["ok"] or run["repeat"] not in by_repeat:
+            continue
+        try:
+            out.append(combine(get(run), get(by_repeat[run["repeat"]])))
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+    return out
 
 
 def rpc_delta(

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import profile_tables
+from benchmarks.latency import latency_section, latency_targets
+from benchmarks.measure import paired
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate, lone_own_ms
 
@@ -71,21 +73,6 @@ def _rss_per_1000(run: Run) -> float | None:
         return None
     grown = max(p - r for p, r in zip(run["peak_rss_mb"], run["rss_ready_mb"], strict=True))
     return float(grown * 1000 / held)
-
-
-def paired(runs: Sequence[Run], name: str, other: str, get: Callable[[Run], float]) -> list[float]:
-    """``get(name) / get(other)`` within each repeat where both runs are good."""
-    by_repeat = {r["repeat"]: r for r in runs if r["scenario"] == other and r["ok"]}
-    out = []
-    for run in runs:
-        if run["scenario"] != name or not run["ok"] or run["repeat"] not in by_repeat:
-            continue
-        try:
-            base = get(by_repeat[run["repeat"]])
-            out.append(get(run) / base)
-        except (KeyError, ZeroDivisionError):
-            continue
-    return out
 
 
 def summarize(
@@ -373,7 +360,7 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
         met = {True: "yes", False: "**no**", None: "n/a"}[target["met"]]
         stands = ""
         if target["met"] is False and target.get("why"):
-            met += f" ([why](#why-{target['why']}))"
+            met += f" ([why]({target.get('page', '')}#why-{target['why']}))"
             stands = target.get("stands", "")
         lines.append(f"| {target['target']} | {target['measured']} | {met} | {stands} |")
     return lines
@@ -381,11 +368,12 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """The generated section: settings, targets, the tables, stalls, the plot."""
-    report["targets"] = evaluate(report)
+    report["targets"] = [*evaluate(report), *latency_targets(report)]
     lines = [BEGIN, "", *_header(report), "", "### Targets", "", *_targets_table(report)]
     lines += ["", "### Throughput, CPU and RPCs", "", *_main_table(report)]
     if report.get("plot"):
         lines += ["", f"![throughput vs steps, processes and flow control]({report['plot']})"]
+    lines += latency_section(report)
     versus = _versus_table(report)
     if versus:
         lines += [

@@ -35,11 +35,12 @@ from typing import Any
 
 from benchmarks.breakdown import PROFILED, breakdown
 from benchmarks.fleet import Plan, Publisher, run_once
+from benchmarks.latency import FIRESTORE_RTT_MS, PUBSUB_RTT_MS, DelayProxies
 from benchmarks.machine import emulators, machine, versions
 from benchmarks.report import render_markdown, summarize, write_markdown
 from benchmarks.scenarios import BASELINE, DEFAULT_SCENARIOS, GROUPS, SCENARIOS, expand
 
-__all__ = ["Options", "main"]
+__all__ = ["Options", "main", "parse_args", "session_report"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "pubsub-worker-bench"
@@ -69,6 +70,10 @@ class Options:
     py_spy: Path | None = None
     profiles: Path | None = None
     """Where the profile round's profiles go (gzipped); None: no profile round."""
+    firestore_rtt_ms: float = FIRESTORE_RTT_MS
+    """Added to every Firestore round trip of the delayed scenarios (group ``latency``)."""
+    pubsub_rtt_ms: float = PUBSUB_RTT_MS
+    """Added to every Pub/Sub round trip of the delayed scenarios."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -144,7 +149,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "(not counted in the figures): its breakdown goes in the report, its raw profiles here, "
         "gzipped (default docs/profiles; '-' for no profile round; skipped without py-spy)",
     )
+    parser.add_argument(
+        "--firestore-rtt-ms",
+        type=float,
+        default=FIRESTORE_RTT_MS,
+        metavar="MS",
+        help="added to every Firestore round trip of the consumers of the delayed scenarios "
+        "(group latency) by a loopback delay proxy (default %(default)g)",
+    )
+    parser.add_argument(
+        "--pubsub-rtt-ms",
+        type=float,
+        default=PUBSUB_RTT_MS,
+        metavar="MS",
+        help="added to every Pub/Sub round trip of the consumers of the delayed scenarios "
+        "(default %(default)g)",
+    )
     args = parser.parse_args(argv)
+    for flag, value in (
+        ("--firestore-rtt-ms", args.firestore_rtt_ms),
+        ("--pubsub-rtt-ms", args.pubsub_rtt_ms),
+    ):
+        if not value >= 0:
+            parser.error(f"{flag} must be >= 0 ms, got {value:g}")
     if args.py_spy and _py_spy_path() is None:
         parser.error("--py-spy needs py-spy (pip install py-spy)")
     try:
@@ -177,6 +204,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         command=shlex.join(["python", "-m", "benchmarks.run", *given]),
         py_spy=Path(args.py_spy) if args.py_spy else None,
         profiles=path(args.profiles),
+        firestore_rtt_ms=args.firestore_rtt_ms,
+        pubsub_rtt_ms=args.pubsub_rtt_ms,
     )
 
 
@@ -269,6 +298,19 @@ class _Session:
         self.runs: list[dict[str, Any]] = []
         self.warmups: list[dict[str, Any]] = []  # discarded, but a stall there is a stall
         self.profiled: dict[str, dict[str, Any]] = {}  # the profile round, not in the figures
+        self.proxies: DelayProxies | None = None  # started for the first delayed scenario
+
+    def env(self, name: str) -> dict[str, str]:
+        """The consumers' environment over the emulators' own: the delay proxies, if delayed."""
+        if not SCENARIOS[name].delayed:
+            return {}
+        if self.proxies is None:
+            self.proxies = DelayProxies(
+                self.emu,
+                firestore_rtt_ms=self.options.firestore_rtt_ms,
+                pubsub_rtt_ms=self.options.pubsub_rtt_ms,
+            )
+        return self.proxies.env()
 
     def one(self, name: str, repeat: int) -> dict[str, Any]:
         """One run of ``name``; repeat 0 is its warm-up (no latency phases, no profile).
@@ -282,7 +324,7 @@ class _Session:
         plan = Plan(
             scenario=scenario,
             label=label,
-            project=PROJECT,
+            project=self.emu.project,
             backlog=max(int(backlog * scenario.backlog_share), 10),
             paced=0 if warm or profiled else options.paced,
             rate=options.rate,
@@ -293,6 +335,7 @@ class _Session:
             logs=self.logs,
             py_spy=self.spy if profiled or (options.py_spy and not warm) else None,
             profiles=self.raw_profiles if profiled else options.py_spy,
+            env=self.env(name),
         )
         self.progress.begin(label)
         t0 = time.monotonic()
@@ -350,6 +393,8 @@ class _Session:
             self.profile_round()
         finally:
             self.publisher.close()
+            if self.proxies is not None:
+                self.proxies.close()
 
 
 def _code() -> str:
@@ -390,32 +435,38 @@ def _write(report: dict[str, Any], options: Options) -> None:
         _say(f"wrote {options.json_path}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the session; print the Markdown report to stdout. Exit 1 if a run failed."""
-    options = parse_args(argv)
+def session_report(options: Options, emu: Any, sdk_root: Path | None = None) -> dict[str, Any]:
+    """Run the session of ``options`` on the running emulators ``emu``; its report.
+
+    The report holds the settings, the summary, every run (warm-ups and the
+    profile round apart) and, from ``sdk_root``, the emulators' versions.
+    """
     started = time.monotonic()
     when = datetime.datetime.now(datetime.timezone.utc)
     total = len(options.scenarios) * (options.repeats + (1 if options.warmup else 0))
-    if options.profiles is not None and _py_spy_path() is None:
-        _say("no profile round: py-spy is not installed (pip install py-spy, or nox -s bench)")
-    with emulators(PROJECT) as (emu, sdk_root):
-        progress = _Progress(total)
-        session = _Session(options, emu, progress)
-        progress.add(len(session.profile_names()))
-        _say(
-            f"emulators ready in {emu.startup_s:.1f} s; {len(options.scenarios)} scenarios "
-            f"({', '.join(options.scenarios)}); {options.messages} backlog, {options.paced} "
-            f"paced at {options.rate:g}/s, {options.lone} lone; {options.repeats} repeat(s) "
-            f"after a warm-up; logs in {session.logs}"
+    progress = _Progress(total)
+    session = _Session(options, emu, progress)
+    progress.add(len(session.profile_names()))
+    delayed = any(SCENARIOS[name].delayed for name in options.scenarios)
+    _say(
+        f"emulators ready in {emu.startup_s:.1f} s; {len(options.scenarios)} scenarios "
+        f"({', '.join(options.scenarios)}); {options.messages} backlog, {options.paced} "
+        f"paced at {options.rate:g}/s, {options.lone} lone; {options.repeats} repeat(s) "
+        f"after a warm-up; logs in {session.logs}"
+        + (
+            f"; delayed scenarios through loopback proxies adding {options.firestore_rtt_ms:g} "
+            f"ms per Firestore and {options.pubsub_rtt_ms:g} ms per Pub/Sub round trip"
+            if delayed
+            else ""
         )
-        session.all()
-        found = versions(sdk_root)
-    report = {
+    )
+    session.all()
+    return {
         "command": options.command,
         "date": when.isoformat(timespec="seconds"),
         "duration_s": time.monotonic() - started,
         "machine": machine(),
-        "versions": found,
+        "versions": versions(sdk_root),
         "code": _code(),
         "options": {
             k: v
@@ -429,9 +480,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmups": session.warmups,
         "profiled": session.profiled,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the session; print the Markdown report to stdout. Exit 1 if a run failed."""
+    options = parse_args(argv)
+    started = time.monotonic()
+    if options.profiles is not None and _py_spy_path() is None:
+        _say("no profile round: py-spy is not installed (pip install py-spy, or nox -s bench)")
+    with emulators(PROJECT) as (emu, sdk_root):
+        report = session_report(options, emu, sdk_root)
+    report["duration_s"] = time.monotonic() - started  # the emulators' start included
     _write(report, options)
     _say(f"done in {time.monotonic() - started:.0f} s")
-    everything = (*session.warmups, *session.runs, *session.profiled.values())
+    everything = (*report["warmups"], *report["runs"], *report["profiled"].values())
     return 0 if all(run["ok"] for run in everything) else 1
 
 

@@ -82,6 +82,10 @@ class Scenario:
     sync handler, ``await asyncio.sleep`` in an async one."""
     versus: str | None = None
     """A second scenario to compare with (the sync path beside an async one)."""
+    delayed: bool = False
+    """The consumers reach both emulators through the session's delay proxies, which add
+    production's round trips (``--firestore-rtt-ms``, ``--pubsub-rtt-ms``; see
+    :mod:`benchmarks.latency`)."""
 
     @property
     def stock(self) -> bool:
@@ -231,6 +235,32 @@ _ALL: tuple[Scenario, ...] = (
     # -- payload size
     *_pair("10k", "10 KB payload", payload_bytes=10_000),
     *_pair("1m", "1 MB payload", payload_bytes=1_000_000, backlog_share=0.1),
+    # -- production round trips: both emulators behind the delay proxies (not in the default set)
+    *_pair("rtt", "10 in flight, production round trips", latency=True, delayed=True),
+    *_pair(
+        "c100-rtt",
+        "100 in flight, production round trips",
+        latency=True,
+        delayed=True,
+        concurrency=100,
+    ),
+    *_pair(
+        "default-rtt",
+        "client defaults, production round trips",
+        latency=True,
+        delayed=True,
+        subscribe="default",
+    ),
+    Scenario(
+        "run-1-rtt",
+        "run",
+        "`pubsub_worker.run()` defaults, 1 step, production round trips",
+        baseline="stock-eod-default-rtt",
+        steps=1,
+        subscribe="run",
+        latency=True,
+        delayed=True,
+    ),
     # -- store variants, for tuning (not in the default set)
     Scenario(
         "wrapped-1-direct",
@@ -303,6 +333,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "stores": (
         *("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-4"),
         *("wrapped-1-batched-linger", "stock-eod-c100", "wrapped-1-c100-batched-4"),
+    ),
+    "latency": (
+        *("stock-eod-default-rtt", "wrapped-1-default-rtt", "run-1-rtt"),
+        *("stock-eod-rtt", "wrapped-1-rtt", "stock-eod-c100-rtt", "wrapped-1-c100-rtt"),
     ),
 }
 """Families of scenarios, usable in ``--scenarios`` in place of names."""

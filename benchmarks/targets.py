@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks.scenarios import SCENARIOS
 
-__all__ = ["BEST_STOCK", "BEST_WRAPPED", "evaluate", "lone_own_ms"]
+__all__ = ["BEST_STOCK", "BEST_WRAPPED", "Target", "evaluate", "lone_own_ms", "ratio_target"]
 
 BEST_STOCK = ("stock-eod", "stock-eod-default", "stock-eod-c30", "stock-eod-c100")
 """The stock client's flow-control settings, one process each; its best is the reference."""
@@ -38,7 +38,8 @@ def _pct(spread: dict[str, float | None] | None) -> str:
     return text + (f" ({low * 100:.0f}-{high * 100:.0f})" if high > low else "")
 
 
-def _ratio_target(summary: dict[str, Any], name: str, floor: float, text: str, why: str) -> Target:
+def ratio_target(summary: dict[str, Any], name: str, floor: float, text: str, why: str) -> Target:
+    """``name``'s throughput over its baseline's (median of the repeats' ratios) >= ``floor``."""
     row = summary.get(name)
     median = row["ratio_vs_baseline"]["median"] if row else None
     return {
@@ -433,7 +434,7 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
 def _targets(report: dict[str, Any]) -> list[Target]:
     summary: dict[str, Any] = report["summary"]
     return [
-        _ratio_target(
+        ratio_target(
             summary,
             "wrapped-1-default",
             1.0,
@@ -441,7 +442,7 @@ def _targets(report: dict[str, Any]) -> list[Target]:
             "10 threads): >= 100% of the stock client with the same defaults",
             "default",
         ),
-        _ratio_target(
+        ratio_target(
             summary,
             "legacy-default",
             1.0,
@@ -449,8 +450,8 @@ def _targets(report: dict[str, Any]) -> list[Target]:
             ">= 100% of that callback",
             "default",
         ),
-        _ratio_target(summary, "wrapped-1", 0.8, "One step, 10 in flight: >= 80% of stock", "ten"),
-        _ratio_target(
+        ratio_target(summary, "wrapped-1", 0.8, "One step, 10 in flight: >= 80% of stock", "ten"),
+        ratio_target(
             summary,
             "run-1",
             0.8,
@@ -459,7 +460,7 @@ def _targets(report: dict[str, Any]) -> list[Target]:
             "ten",
         ),
         _best_target(report),
-        _ratio_target(
+        ratio_target(
             summary, "wrapped-3", 0.6, "Three steps, 10 in flight: >= 60% of stock", "three"
         ),
         _cpu_target(summary),

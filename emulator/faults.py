@@ -11,6 +11,13 @@ under test at :attr:`TcpProxy.address` instead of the emulator, then:
   calls hang until their deadline, as in a network partition. Bytes sent
   meanwhile are held, not lost (as TCP retransmission would deliver them
   once a partition heals); call :meth:`cut` as well to lose them.
+* :meth:`TcpProxy.delay` holds every chunk of bytes it forwards for half a
+  round trip, in each direction, and keeps their order: the network between
+  a client and a service in production, on loopback. Over gRPC (HTTP/2 on
+  one connection) a unary call pays one round trip: its request half, its
+  answer half. A message the server sends on a stream arrives half a round
+  trip later, and so does what the client sends on it; HTTP/2's own frames
+  (settings, pings, window updates) are held alike, as a real network would.
 
 One named daemon thread runs a selector loop that owns every socket; the
 public methods post commands to it and wait until they took effect.
@@ -20,14 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import selectors
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
+
+from emulator.delay import DelayLine
 
 __all__ = ["TcpProxy"]
 
@@ -49,11 +60,16 @@ def _abort(sock: socket.socket) -> None:
 
 
 class _Connection:
-    """A client socket and its upstream socket, with bytes pending for each."""
+    """A client socket and its upstream socket, with bytes pending for each.
+
+    Bytes read from one side wait in ``held`` (while a delay is on) until
+    their time comes, then in ``pending`` until the other side takes them.
+    """
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.peer = {client: upstream, upstream: client}
         self.pending = {client: bytearray(), upstream: bytearray()}  # to be written TO key
+        self.held = {client: DelayLine(), upstream: DelayLine()}  # to be written TO key, later
         self.eof: set[socket.socket] = set()  # sockets whose peer closed its sending side
         self.registered: dict[socket.socket, int] = {}
 
@@ -61,6 +77,19 @@ class _Connection:
     def sockets(self) -> tuple[socket.socket, socket.socket]:
         client, upstream = self.peer
         return client, upstream
+
+    def queued(self, sock: socket.socket) -> int:
+        """Bytes still to be written to ``sock``, held or pending."""
+        return len(self.pending[sock]) + self.held[sock].size
+
+    def release(self, now: float) -> bool:
+        """Move the held chunks whose moment came to ``pending``; True if any moved."""
+        moved = False
+        for sock, line in self.held.items():
+            if data := line.release(now):
+                self.pending[sock] += data
+                moved = True
+        return moved
 
 
 class TcpProxy:
@@ -80,9 +109,10 @@ class TcpProxy:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        # Owned by the loop thread only: _connections, _blackholed, selector registrations.
+        # Owned by the loop thread only: _connections, _blackholed, _one_way_s, registrations.
         self._connections: list[_Connection] = []
         self._blackholed = False
+        self._one_way_s = 0.0
         self._closed = threading.Event()
         self._selector.register(self._listener, selectors.EVENT_READ, _LISTEN)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
@@ -124,6 +154,25 @@ class TcpProxy:
 
         self._call(apply)
         logger.info("proxy %s: blackhole %s", self.address, "on" if on else "off")
+
+    def delay(self, round_trip_s: float) -> None:
+        """Add ``round_trip_s`` seconds to every round trip through the proxy (0: none).
+
+        Each chunk read from either side is written to the other no earlier
+        than half of ``round_trip_s`` after it was read (a fraction of a
+        millisecond later on an idle machine), and never before a chunk read
+        earlier in the same direction. Applies to bytes read from now
+        on, on live connections and new ones. A close is passed on once the
+        bytes before it were delivered.
+        """
+        if not round_trip_s >= 0:  # also refuses NaN
+            raise ValueError(f"round_trip_s must be >= 0 seconds, got {round_trip_s!r}")
+
+        def apply() -> None:
+            self._one_way_s = round_trip_s / 2
+
+        self._call(apply)
+        logger.info("proxy %s: round trip delay %.1f ms", self.address, round_trip_s * 1000)
 
     def close(self) -> None:
         """Stop listening and reset every connection. Idempotent."""
@@ -181,13 +230,14 @@ class TcpProxy:
     def _run(self) -> None:
         try:
             while not self._closed.is_set():
-                for key, mask in self._selector.select(timeout=0.5):
+                for key, mask in self._selector.select(timeout=self._timeout()):
                     if key.data is _LISTEN:
                         self._accept()
                     elif key.data is _WAKE:
                         self._drain_commands()
                     else:
                         self._service(key.data, key.fileobj, mask)  # type: ignore[arg-type]
+                self._release_due()
         except Exception:  # pragma: no cover - a bug here must not pass silently
             logger.exception("proxy %s loop crashed", self.address)
         finally:
@@ -197,6 +247,39 @@ class TcpProxy:
             self._selector.close()
             for sock in (self._listener, self._wake_r, self._wake_w):
                 sock.close()
+
+    def _next_due(self) -> float | None:
+        """When the oldest held chunk of any connection may go (None: nothing held)."""
+        due = [
+            moment
+            for conn in self._connections
+            for line in conn.held.values()
+            if (moment := line.due) is not None
+        ]
+        return min(due, default=None)
+
+    def _timeout(self) -> float:
+        """How long the selector may wait: at most until the next held chunk is due.
+
+        In whole milliseconds rounded down (the selector rounds up: it would
+        wake up to a millisecond late); :meth:`_release_due` sleeps the rest.
+        """
+        due = self._next_due()
+        if due is None:
+            return 0.5
+        return min(math.floor(max(due - time.monotonic(), 0.0) * 1000) / 1000, 0.5)
+
+    def _release_due(self) -> None:
+        """Hand the held chunks whose time came to their sockets."""
+        due = self._next_due()
+        if due is not None and 0 < (left := due - time.monotonic()) < 0.001:
+            time.sleep(left)  # finer than the selector's milliseconds
+        now = time.monotonic()
+        for conn in list(self._connections):
+            if conn.release(now):
+                if not self._blackholed:
+                    self._flush(conn)
+                self._update(conn)
 
     def _drain_commands(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -234,10 +317,12 @@ class TcpProxy:
         try:
             if mask & selectors.EVENT_READ:
                 data = sock.recv(_CHUNK)
-                if data:
-                    conn.pending[peer] += data
-                else:
+                if not data:
                     conn.eof.add(sock)
+                elif self._one_way_s or conn.held[peer]:
+                    conn.held[peer].hold(data, time.monotonic() + self._one_way_s)
+                else:
+                    conn.pending[peer] += data
             if mask & selectors.EVENT_WRITE and conn.pending[sock]:
                 sent = sock.send(conn.pending[sock])
                 del conn.pending[sock][:sent]
@@ -255,10 +340,10 @@ class TcpProxy:
         """Half-close a side once its peer sent EOF and everything was delivered."""
         for sock in conn.sockets:
             peer = conn.peer[sock]
-            if sock in conn.eof and not conn.pending[peer]:
+            if sock in conn.eof and not conn.queued(peer):
                 with contextlib.suppress(OSError):
                     peer.shutdown(socket.SHUT_WR)
-        if len(conn.eof) == 2 and not any(conn.pending.values()):
+        if len(conn.eof) == 2 and not any(conn.queued(s) for s in conn.sockets):
             self._drop(conn, graceful=True)
 
     def _update(self, conn: _Connection) -> None:
@@ -269,7 +354,7 @@ class TcpProxy:
             peer = conn.peer[sock]
             events = 0
             if not self._blackholed:
-                if sock not in conn.eof and len(conn.pending[peer]) < _MAX_BUFFERED:
+                if sock not in conn.eof and conn.queued(peer) < _MAX_BUFFERED:
                     events |= selectors.EVENT_READ
                 if conn.pending[sock]:
                     events |= selectors.EVENT_WRITE

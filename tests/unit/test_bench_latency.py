@@ -1,0 +1,103 @@
+"""The production-latency group's figures and targets, from made-up runs (no emulator)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.latency import added_ms, latency_section, latency_targets
+from benchmarks.report import summarize
+
+NAMES = ("stock-eod-default-rtt", "wrapped-1-default-rtt", "run-1-rtt")
+
+
+def _run(name: str, repeat: int, msgs_per_s: float, p50: float, p99: float) -> dict[str, Any]:
+    return {
+        "scenario": name,
+        "repeat": repeat,
+        "ok": True,
+        "phases": {
+            "backlog": {
+                "msgs_per_s": msgs_per_s,
+                "callback_ms": {"mean": 40.0},
+                "slot_ms": {"mean": 60.0},
+            },
+            "paced": {"latency_ms": {"p50": p50, "p99": p99}},
+            "lone": {
+                "latency_ms": {"p50": p50},
+                "callback_ms": {"p50": 30.0},
+                "slot_ms": {"p50": 50.0},
+                "firestore_rpcs_per_msg": 2.0 if name != NAMES[0] else 0.0,
+                "firestore_rpc_ms_per_msg": 22.0 if name != NAMES[0] else 0.0,
+            },
+        },
+    }
+
+
+def _report(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "runs": runs,
+        "summary": summarize(runs, NAMES, 10),
+        "scenarios": {name: name for name in NAMES},
+        "options": {"firestore_rtt_ms": 10.0, "pubsub_rtt_ms": 20.0, "paced": 200, "rate": 50},
+    }
+
+
+RUNS = [
+    # stock at its defaults: p50 100, 110, 200 ms over three repeats
+    _run(NAMES[0], 1, 250.0, 100.0, 150.0),
+    _run(NAMES[0], 2, 240.0, 110.0, 160.0),
+    _run(NAMES[0], 3, 100.0, 200.0, 300.0),
+    # the wrapped callback: adds 18, 25, 5 ms at p50 (median 18; its p50s' median is 25 more)
+    _run(NAMES[1], 1, 240.0, 118.0, 170.0),
+    _run(NAMES[1], 2, 230.0, 135.0, 190.0),
+    _run(NAMES[1], 3, 95.0, 205.0, 330.0),
+    # run(): 60% of the stock client's throughput in every repeat, adds 30 ms
+    _run(NAMES[2], 1, 150.0, 130.0, 200.0),
+    _run(NAMES[2], 2, 144.0, 140.0, 210.0),
+    _run(NAMES[2], 3, 60.0, 230.0, 340.0),
+]
+
+
+def test_added_latency_is_taken_within_each_repeat() -> None:
+    report = _report(RUNS)
+    assert added_ms(report, NAMES[1]) == 18.0  # not 135 - 110 = 25, the medians' difference
+    assert added_ms(report, NAMES[1], "p99") == 30.0
+    assert added_ms(report, NAMES[2]) == 30.0
+    assert added_ms(_report(RUNS[:3]), NAMES[1]) is None  # no wrapped run
+
+
+def test_the_targets_judge_throughput_at_the_defaults_and_the_added_latency() -> None:
+    wrapped, run, latency = latency_targets(_report(RUNS))
+    assert wrapped["met"] is True  # 96% of the stock client in the median repeat
+    assert wrapped["measured"] == "96% (95-96)"
+    assert run["met"] is False
+    assert run["measured"] == "60%"
+    assert run["stands"] == (
+        "`run-1-rtt`: 10 callback threads, each busy 40.0 ms per message: at most 250 msg/s; "
+        "20 flow-control slots, each held 60.0 ms from receipt to the ack's answer: at most "
+        "333; measured 144"
+    )
+    assert "<= two Firestore round trips + 2 ms (22 ms)" in latency["target"]
+    assert latency["met"] is False  # run() adds 30 ms
+    assert latency["measured"].startswith(
+        "`wrapped-1-default-rtt` 18.0 ms (p99 30.0; a Firestore RPC answered in 11.0 ms)"
+    )
+    assert latency["stands"].startswith("lone `run-1-rtt`: 50.0 ms from its callback's start")
+
+
+def test_the_targets_are_not_judged_without_their_scenarios() -> None:
+    targets = latency_targets(_report(RUNS[:3]))
+    assert [t["met"] for t in targets] == [None, None, None]
+    assert [t["measured"] for t in targets] == ["n/a", "n/a", "n/a"]
+
+
+def test_the_section_has_a_row_per_delayed_scenario_and_none_without_them() -> None:
+    lines = latency_section(_report(RUNS))
+    assert "([how, and why these figures](benchmarks.md#why-latency))" in lines[3]
+    rows = [line for line in lines if line.startswith("| run-1-rtt") or line.startswith("| wr")]
+    assert rows[0].startswith("| wrapped-1-default-rtt | n/a (1000) / 10 | 230 | 96% | 96% ")
+    assert "| 18.0 / 30.0 |" in rows[0]
+    assert rows[1].startswith("| run-1-rtt | n/a (20) / 10 | 144 | 60% | 60% ")
+    report = _report(RUNS)
+    report["summary"] = {"stock-eod": report["summary"][NAMES[0]]}
+    assert latency_section(report) == []
