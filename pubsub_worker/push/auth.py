@@ -138,9 +138,12 @@ class CachedCertificates(google.auth.transport.Request):
         transport: google.auth.transport.Request | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        problem: Callable[[bytes], str | None] | None = None,
     ) -> None:
         self._transport = transport
         self._clock = clock
+        self._problem = problem or certificates_problem
+        """What is wrong with an answer (None: keep it); IAP's keys are public keys."""
         self._lock = threading.Lock()  # guards _answers; held while fetching (one fetch at once)
         self._answers: dict[str, _Answer] = {}
         self.fetches = 0
@@ -191,7 +194,7 @@ class CachedCertificates(google.auth.transport.Request):
                 f"{url} answered {response.status}"
             )
         data = bytes(response.data)
-        problem = certificates_problem(data)
+        problem = self._problem(data)
         if problem is not None:
             raise google.auth.exceptions.TransportError(  # type: ignore[no-untyped-call]
                 f"{url} answered 200 with no certificates: {problem}"

@@ -14,20 +14,45 @@ fetched answer 503, never a 401. Tests sign with their own keys: no network.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import google.auth.exceptions
+from google.auth import crypt
 from google.oauth2 import id_token
 
 from pubsub_worker.push.auth import CachedCertificates, CertificatesUnavailable, Refused
 
-__all__ = ["IAP_CERTS_URL", "IAP_ISSUER", "IAP_JWT_HEADER", "IapVerifier"]
+__all__ = ["IAP_CERTS_URL", "IAP_ISSUER", "IAP_JWT_HEADER", "IapVerifier", "iap_keys_problem"]
 
 IAP_JWT_HEADER = "x-goog-iap-jwt-assertion"
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
 """IAP's public keys, PEM by key id."""
 IAP_ISSUER = "https://cloud.google.com/iap"
+
+
+def iap_keys_problem(data: bytes) -> str | None:
+    """What is wrong with an answer of IAP's key URL, or None if it is its keys.
+
+    IAP publishes a JSON object of key id -> PEM public key (ES256), not x509
+    certificates: each must be readable by google-auth's ES256 verifier. Anything
+    else is not remembered (:class:`~pubsub_worker.push.auth.CachedCertificates`).
+    """
+    try:
+        keys = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return "not JSON"
+    if not isinstance(keys, dict) or not keys:
+        return "not a JSON object of key id -> public key"
+    for kid, key in keys.items():
+        if not isinstance(key, str):
+            return f"key id {str(kid)[:64]!r} is not a PEM public key"
+        try:
+            crypt.ES256Verifier.from_string(key)
+        except Exception as exc:  # noqa: BLE001 - any failure to read it: not a key
+            return f"key id {str(kid)[:64]!r}: {type(exc).__name__}"
+    return None
 
 
 class IapVerifier:
@@ -41,7 +66,7 @@ class IapVerifier:
         clock_skew_s: int = 30,
     ) -> None:
         self.audience = audience
-        self._certs = certificates or CachedCertificates()
+        self._certs = certificates or CachedCertificates(problem=iap_keys_problem)
         self._skew = clock_skew_s
 
     def user(self, assertion: str | None) -> str:

@@ -25,7 +25,13 @@ from pubsub_worker import Settings
 from pubsub_worker.push.auth import CachedCertificates, CertificatesUnavailable, Refused
 from pubsub_worker.push.auth import _Remembered as Response
 from pubsub_worker.ui import Jobs, create_app
-from pubsub_worker.ui.iap import IAP_CERTS_URL, IAP_ISSUER, IAP_JWT_HEADER, IapVerifier
+from pubsub_worker.ui.iap import (
+    IAP_CERTS_URL,
+    IAP_ISSUER,
+    IAP_JWT_HEADER,
+    IapVerifier,
+    iap_keys_problem,
+)
 
 AUDIENCE = "/projects/123456789/locations/europe-west1/services/jobs-dashboard"
 
@@ -78,7 +84,7 @@ class IapKeys(google.auth.transport.Request):
 
 
 def verifier(keys: IapKeys) -> IapVerifier:
-    return IapVerifier(AUDIENCE, certificates=CachedCertificates(keys))
+    return IapVerifier(AUDIENCE, certificates=CachedCertificates(keys, problem=iap_keys_problem))
 
 
 def test_an_assertion_iap_signed_for_the_audience_names_its_user() -> None:
