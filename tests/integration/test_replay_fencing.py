@@ -311,7 +311,7 @@ def test_the_cli_reports_a_conflict_in_one_line_and_publishes_nothing(
 
     monkeypatch.setattr(cli_environment, "job_store", racing_store)
     capsys.readouterr()
-    assert cli.main(["jobs", "replay", "--all-failed"]) == 1
+    assert cli.main(["jobs", "replay", "--all-failed", "--fan-out"]) == 1
     captured = capsys.readouterr()
     assert f"[1/1] {KEY_VALUE}: skipped: changed meanwhile" in captured.out
     assert "replayed 0 of 1 job(s)" in captured.out
@@ -336,12 +336,12 @@ def test_the_cli_skips_a_running_job_in_one_line(
     doc_id = make_failed(plain, sub)
     _cli_env(monkeypatch, emulators, sub, firestore_collection)
     capsys.readouterr()
-    assert cli.main(["jobs", "replay", KEY_VALUE]) == 0
+    assert cli.main(["jobs", "replay", KEY_VALUE, "--fan-out"]) == 0
     assert f"[1/1] {KEY_VALUE}: replayed" in capsys.readouterr().out
     owner = claim(plain, claim_request(sub, owner="worker"), exists_hint=True)
     assert owner.kind is ClaimKind.CLAIMED
 
-    assert cli.main(["jobs", "replay", KEY_VALUE]) == 1
+    assert cli.main(["jobs", "replay", KEY_VALUE, "--fan-out"]) == 1
     captured = capsys.readouterr()
     assert f"[1/1] {KEY_VALUE}: skipped: running" in captured.out
     assert "Traceback" not in captured.out + captured.err
