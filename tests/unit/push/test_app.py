@@ -15,6 +15,8 @@ import pytest
 import pubsub_worker
 from pubsub_worker.push import PushApp, create_app
 from pubsub_worker.push.envelope import MAX_BODY_BYTES
+from pubsub_worker.stores.base import Status
+from tests.support.job_documents import put_job
 from tests.support.world import SUB, FakePublisher, FlakyStore
 
 from .tokens import TestKeys, verifier
@@ -295,3 +297,21 @@ def test_a_valid_token_gets_the_request_delivered(endpoints: Any) -> None:
     endpoint = endpoints(lambda message, job: runs.append("ran"), verify=True)
     assert raw_push(endpoint, "Bearer " + KEYS.token()) == (200, True)
     assert runs == ["ran"]
+
+
+def test_the_endpoint_keeps_no_ordering_memory_of_its_own(endpoints: Any) -> None:
+    """Pub/Sub pushes the next message of an ordering key only once the previous one was
+    answered 2xx: a message of the key after a deferred one runs at once (a pull worker
+    would hold it back behind the deferred one, which the client handed out early)."""
+    ran: list[str] = []
+    endpoint = endpoints(lambda message, job: ran.append(job.key))
+    put_job(endpoint.store, SUB, "k1", Status.RUNNING, owner="another/1/x")  # a live lease
+    first = envelope("1", op="k1")
+    first["message"]["orderingKey"] = "customer-7"
+    busy = endpoint.push(first)
+    assert (busy.status_code, busy.json()["outcome"]) == (503, "defer")
+    second = envelope("2", op="k2")
+    second["message"]["orderingKey"] = "customer-7"
+    done = endpoint.push(second)
+    assert (done.status_code, done.json()["outcome"]) == (200, "complete")
+    assert ran == ["k2"]
