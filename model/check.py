@@ -3,8 +3,14 @@
 ``python model/check.py`` builds SPIN's verifier of the model (``spin -a``, then
 ``gcc``), checks every property exhaustively and prints one row per property:
 its verdict, the states stored, the depth reached, the search's time and memory.
-``--mutants`` then checks every named mutant of the protocol (or the ones named
-after it) and prints, for each one refuted, the short trail of its counterexample.
+The same search counts how often each statement of the model ran (pan's peg
+counts) and which local states it reached: a branch of the model that no run
+takes (a guard that never fires, an ``else`` never taken) is dead model code,
+which the check reports as a failure, so a path the code has and the model
+cannot reach is found by the check itself. ``--mutants`` then checks every
+named mutant of the protocol (or the ones named after it) and prints, for each
+one refuted, the short trail of its counterexample; an equivalent mutant (one
+the model shows changes nothing) must leave the state space exactly as it is.
 
 The safety properties are assertions; assertions do not change the state space,
 so they share one search (``gcc -DSAFETY``). A property found violated is named
@@ -12,23 +18,26 @@ from its trail and the search is repeated without it, so each property still
 gets its own verdict. The liveness property is an ``ltl`` formula, checked for
 acceptance cycles (``./pan -a``; ``--fair`` adds weak fairness, ``-f``).
 
-Exit status: 0 when every property holds and every mutant checked is refuted;
-1 when a property fails on the model (or a search could not finish), or a mutant
-is not refuted; 2 when ``spin`` or ``gcc`` is missing. docs/protocol.md states
-the properties, maps the model to the code and shows a trail.
+Exit status: 0 when every property holds, every branch of the model is taken
+and every mutant checked is refuted (or, named equivalent, changes nothing); 1
+when a property fails on the model (or a search could not finish), a branch is
+never taken, or a mutant is not refuted; 2 when ``spin`` or ``gcc`` is missing.
+docs/protocol.md states the properties, maps the model to the code and shows a trail.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +45,18 @@ from pathlib import Path
 __all__ = [
     "MUTANTS",
     "PROPERTIES",
+    "Dead",
     "Mutant",
     "PanResult",
     "Property",
+    "Transition",
+    "dead_code",
     "failed_assertion",
     "main",
     "parse_pan",
+    "parse_pegs",
+    "parse_transitions",
+    "parse_unreached",
     "property_at",
     "trail_story",
 ]
@@ -54,6 +69,8 @@ MEMORY_LIMIT_MB = 2048
 MAX_DEPTH = 100_000
 HASH_BITS = 23
 TIMEOUT_S = 1800.0
+DEFAULT_JOBS = 2
+"""Searches run at a time: each verifier is single-threaded, and CI has two cores."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,8 @@ class Property:
     """``CHECK_X`` enables a safety property's assertions; a liveness one names its ``ltl``."""
     liveness: bool
     sentence: str
+    implied_by: str = ""
+    """A property this one follows from (it is kept as the narrower statement, named so)."""
 
 
 PROPERTIES: tuple[Property, ...] = (
@@ -89,6 +108,13 @@ PROPERTIES: tuple[Property, ...] = (
         "a recorded step; a step runs only after its predecessor's record is durable.",
     ),
     Property(
+        "one-run-per-process",
+        "CHECK_ONE_RUN_PER_PROCESS",
+        False,
+        "A step function never runs in two deliveries of one process at once (unless one is "
+        "past its processing cap: a take-over, as by another process).",
+    ),
+    Property(
         "ack-after-durable",
         "CHECK_ACK_AFTER_DURABLE",
         False,
@@ -107,6 +133,7 @@ PROPERTIES: tuple[Property, ...] = (
         False,
         "A completion and a failed record land only over a running claim: a job in the "
         "failure path is never also completed.",
+        implied_by="fenced",
     ),
     Property(
         "release-aimed",
@@ -126,8 +153,8 @@ PROPERTIES: tuple[Property, ...] = (
         "settles",
         "settles",
         True,
-        "Once the faults are over, the job ends completed or failed, a failed job's failure "
-        "message is out, and every message is acked.",
+        "Once the faults are over, the job ends completed, or failed with the failure message "
+        "of its current era published and marked so, and every message is acked.",
     ),
 )
 
@@ -139,6 +166,9 @@ class Mutant:
     name: str
     macro: str
     what: str
+    equivalent: str = ""
+    """Why the mutant changes nothing, if it does not: then its search must hold and store
+    exactly the model's states and transitions (an equivalence the check keeps true)."""
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -158,9 +188,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a claim keeps the epoch it read",
     ),
     Mutant(
-        "renew-without-ownership",
-        "MUTANT_RENEW_WITHOUT_OWNERSHIP",
-        "the lease renewal writes without the ownership checks",
+        "renew-unconditioned",
+        "MUTANT_RENEW_UNCONDITIONED",
+        "the lease renewal writes without its checks and without the version condition",
     ),
     Mutant(
         "complete-with-unsent",
@@ -171,6 +201,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "review-before-record",
         "MUTANT_REVIEW_BEFORE_RECORD",
         "the failure message is published before the failed record is written",
+    ),
+    Mutant(
+        "take-over-live",
+        "MUTANT_TAKE_OVER_LIVE",
+        "a newer delivery of a message running in its process takes the job over at once, "
+        "its live lease included",
+    ),
+    Mutant(
+        "owner-mark-unconditioned",
+        "MUTANT_OWNER_MARK_UNCONDITIONED",
+        "the owner marks its review sent without the version condition",
+    ),
+    Mutant(
+        "pending-mark-unconditioned",
+        "MUTANT_PENDING_MARK_UNCONDITIONED",
+        "a delivery that published a pending review marks it sent without the version condition",
+    ),
+    Mutant(
+        "settle-without-epoch",
+        "MUTANT_SETTLE_WITHOUT_EPOCH",
+        "a refused write, read again, is sent again without its epoch compared",
+        equivalent="a delivery claims at most once, and every claim, release and replay moves "
+        "the epoch and the delivery or the status together: the delivery and the status "
+        "compared imply the epoch",
     ),
 )
 
@@ -288,6 +342,121 @@ def failed_assertion(model_text: str, line: int) -> str:
     return f"fails: {source} (model/protocol.pml:{line})"
 
 
+# -- coverage: every branch of the model taken -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One transition of a process of the model, as ``pan -d`` lists it."""
+
+    proctype: str
+    source: int
+    """The local state it leaves."""
+    forward: int
+    """pan's number for it, the index of its peg count (1 and 2 are shared, see below)."""
+    target: int
+    line: int
+    text: str
+
+
+_UNCONDITIONAL = 1
+"""pan's shared number of ``skip``/``true``, ``goto`` and ``break``: taken once reached."""
+_ELSE = 2
+"""pan's shared number of every ``else``: taken when its target is reached from it alone."""
+
+_TRANSITION = re.compile(
+    r"\s*state\s+(\d+) -\(tr\s+(\d+)\)-> state\s+(\d+)\s+\[id\s+\d+ tp\s+[\d,]+\]"
+    r" \[[^\]]*\] \S+:(\d+) => (.*)$"
+)
+
+
+def parse_transitions(listing: str) -> list[Transition]:
+    """The transitions of the model's processes in ``pan -d``'s listing (no never claim's). Pure."""
+    found: list[Transition] = []
+    proctype: str | None = None
+    for raw in listing.splitlines():
+        line = raw.strip()
+        if line.startswith("proctype "):
+            proctype = line.removeprefix("proctype ")
+        elif line == "init":
+            proctype = "init"
+        elif line.startswith("claim "):
+            proctype = None
+        elif proctype is not None and (match := _TRANSITION.match(raw)):
+            source, forward, target, number = (int(match.group(i)) for i in range(1, 5))
+            found.append(Transition(proctype, source, forward, target, number, match.group(5)))
+    return found
+
+
+def parse_pegs(output: str) -> dict[int, int]:
+    """How often each transition ran (``gcc -DPEG``), by pan's number for it. Pure."""
+    _, marker, counts = output.partition("Peg Counts")
+    if not marker:
+        raise ValueError("no peg counts in pan's output (build it with -DPEG)")
+    return {
+        int(match.group(2)): int(match.group(1))
+        for match in re.finditer(r"^\s*(\d+)\s+trans\s+(\d+)\s", counts, re.MULTILINE)
+    }
+
+
+def parse_unreached(output: str) -> set[tuple[str, int]]:
+    """The local states no run reached, as ``(proctype, state)`` (pan without ``-n``). Pure."""
+    unreached: set[tuple[str, int]] = set()
+    proctype: str | None = None
+    for raw in output.splitlines():
+        if header := re.match(r"unreached in (proctype (\S+)|init|claim \S+)$", raw.strip()):
+            kind = header.group(1)
+            proctype = None if kind.startswith("claim") else header.group(2) or "init"
+        elif proctype is not None and (match := re.match(r"\s+\S+:\d+, state (\d+),", raw)):
+            unreached.add((proctype, int(match.group(1))))
+    return unreached
+
+
+@dataclass(frozen=True)
+class Dead:
+    """A statement of the model (every copy of it, for an inline or a macro) no run takes."""
+
+    proctype: str
+    line: int
+    text: str
+    seen: bool = True
+    """False for an ``else`` whose taking the counts cannot show: it needs a statement of its
+    own after it (the model's ``nothing``)."""
+
+
+def dead_code(
+    transitions: Sequence[Transition], pegs: dict[int, int], unreached: set[tuple[str, int]]
+) -> list[Dead]:
+    """The statements of the model that no run takes, in the order of the model. Pure.
+
+    A statement is taken when its peg count is positive (a process's ``-end-`` is not a
+    statement). pan shares one number among every
+    ``skip``, ``goto`` and ``break`` (taken once its state is reached) and one among every
+    ``else`` (taken when the state it leads to is reached and only it leads there). Copies of
+    one statement (an inline's, a macro's on one line) count together: one taken is enough.
+    """
+    into: dict[tuple[str, int], int] = {}
+    for t in transitions:
+        into[t.proctype, t.target] = into.get((t.proctype, t.target), 0) + 1
+    taken: dict[tuple[str, int, str], list[bool | None]] = {}
+    for t in transitions:
+        if t.text == "-end-":
+            continue  # where a process stops: the threads and the operator never do
+        if t.forward == _UNCONDITIONAL:
+            fired: bool | None = (t.proctype, t.source) not in unreached
+        elif t.forward == _ELSE:
+            alone = into[t.proctype, t.target] == 1
+            fired = (t.proctype, t.target) not in unreached if alone else None
+        else:
+            fired = pegs.get(t.forward, 0) > 0
+        taken.setdefault((t.proctype, t.line, t.text), []).append(fired)
+    return [
+        Dead(proctype, line, text, seen=None not in fired)
+        for (proctype, line, text), fired in sorted(taken.items(), key=lambda item: item[0][1])
+        if True not in fired
+    ]
+
+
 # -- running SPIN ---------------------------------------------------------------------
 
 
@@ -301,6 +470,8 @@ class Check:
     failed: str | None
     """The property whose assertion failed (from the trail), or the liveness property."""
     total_s: float
+    dead: tuple[Dead, ...] | None = None
+    """The model's statements no run took (a search that counted them and held), else None."""
 
 
 def _run(command: Sequence[str], cwd: Path) -> str:
@@ -321,19 +492,23 @@ class Search:
     fair: bool = False
     shortest: bool = False
     """Breadth-first (the shortest counterexample), for mutants."""
+    coverage: bool = False
+    """Count how often each statement runs (``-DPEG``) and list the states never reached."""
 
     def spin_flags(self) -> list[str]:
-        flags = [f"-D{name}" for name in self.defines]
+        # -o3: no statement merging (pan's peg counts need it; it stores fewer states here).
+        flags = ["-o3", *(f"-D{name}" for name in self.defines)]
         return [*flags, "-DBFS_TRAILS"] if self.shortest else flags
 
     def gcc_flags(self) -> list[str]:
-        flags = ["-O0", f"-DMEMLIM={MEMORY_LIMIT_MB}"]
+        flags = ["-O0", f"-DMEMLIM={MEMORY_LIMIT_MB}", *(["-DPEG"] if self.coverage else [])]
         if self.liveness:
             return [*flags, "-DNFAIR=3"] if self.fair else flags
         return [*flags, "-DSAFETY", "-DNOCLAIM", *(["-DBFS"] if self.shortest else [])]
 
     def pan_flags(self) -> list[str]:
-        flags = ["-n", f"-m{MAX_DEPTH}", f"-w{HASH_BITS}"]
+        # -n: no list of unreached states, but where coverage wants it.
+        flags = [*([] if self.coverage else ["-n"]), f"-m{MAX_DEPTH}", f"-w{HASH_BITS}"]
         if self.liveness:
             return [*flags, "-a", *(["-f"] if self.fair else [])]
         return flags
@@ -350,7 +525,8 @@ def run_search(search: Search, workdir: Path, label: str) -> Check:
     check = _search(search, workdir, label)
     if not check.result.errors or search.liveness or search.shortest:
         return check
-    shortest = _search(dataclasses.replace(search, shortest=True), workdir, label)
+    breadth_first = dataclasses.replace(search, shortest=True, coverage=False)
+    shortest = _search(breadth_first, workdir, label)
     if not shortest.result.errors:
         return check
     total_s = check.total_s + shortest.total_s
@@ -367,9 +543,11 @@ def _search(search: Search, workdir: Path, label: str) -> Check:
     shutil.copyfile(MODEL, workdir / MODEL.name)
     _run(["spin", "-a", *search.spin_flags(), MODEL.name], workdir)
     _run(["gcc", *search.gcc_flags(), "-o", "pan", "pan.c"], workdir)
-    result = parse_pan(_run(["./pan", *search.pan_flags()], workdir))
+    output = _run(["./pan", *search.pan_flags()], workdir)
+    result = parse_pan(output)
     story: list[str] = []
     failed: str | None = None
+    dead: tuple[Dead, ...] | None = None
     if result.errors:
         replay = _run(["spin", "-t", *search.spin_flags(), MODEL.name], workdir)
         story, line = trail_story(replay)
@@ -379,7 +557,10 @@ def _search(search: Search, workdir: Path, label: str) -> Check:
             model_text = MODEL.read_text(encoding="utf-8")
             failed = property_at(model_text, line)
             story.append(failed_assertion(model_text, line))
-    return Check(label, result, story, failed, time.monotonic() - started)
+    elif search.coverage and result.complete:
+        transitions = parse_transitions(_run(["./pan", "-d"], workdir))
+        dead = tuple(dead_code(transitions, parse_pegs(output), parse_unreached(output)))
+    return Check(label, result, story, failed, time.monotonic() - started, dead)
 
 
 # -- checking the model and the mutants -----------------------------------------------
@@ -394,14 +575,21 @@ class Verdict:
     holds: bool
 
 
-def check_safety(props: Sequence[Property], faults: int, workdir: Path) -> list[Verdict]:
-    """One search for all ``props``; each violated one is named, and the rest searched again."""
+def check_safety(
+    props: Sequence[Property], faults: int, workdir: Path, *, coverage: bool = True
+) -> list[Verdict]:
+    """One search for all ``props``; each violated one is named, and the rest searched again.
+
+    Each search also counts the model's statements (``coverage``): the one that holds, over
+    the whole state space, says which no run takes (assertions do not change the states).
+    """
     verdicts: list[Verdict] = []
     left = list(props)
     while left:
         defines = (f"MAXF={faults}", *(p.macro for p in left))
         label = "safety: " + ", ".join(p.name for p in left)
-        check = run_search(Search(defines, liveness=False), workdir, label)
+        search = Search(defines, liveness=False, coverage=coverage)
+        check = run_search(search, workdir, label)
         culprit = next((p for p in left if p.name == check.failed), None)
         if check.result.holds or culprit is None:
             verdicts += [Verdict(p, check, check.result.holds) for p in left]
@@ -411,26 +599,109 @@ def check_safety(props: Sequence[Property], faults: int, workdir: Path) -> list[
     return verdicts
 
 
-def check_model(props: Sequence[Property], faults: int, fair: bool, workdir: Path) -> list[Verdict]:
-    """Every property of ``props`` on the model."""
-    safety = [p for p in props if not p.liveness]
-    verdicts = check_safety(safety, faults, workdir) if safety else []
-    for prop in (p for p in props if p.liveness):
-        search = Search((f"MAXF={faults}",), liveness=True, fair=fair)
-        check = run_search(search, workdir, f"liveness: {prop.name}")
-        verdicts.append(Verdict(prop, check, check.result.holds))
-    return verdicts
+def check_liveness(prop: Property, faults: int, fair: bool, workdir: Path) -> Verdict:
+    """The liveness property ``prop`` on the model (acceptance cycles, or weak fairness)."""
+    search = Search((f"MAXF={faults}",), liveness=True, fair=fair)
+    check = run_search(search, workdir, f"liveness: {prop.name}")
+    return Verdict(prop, check, check.result.holds)
 
 
-def check_mutant(mutant: Mutant, faults: int, workdir: Path) -> Check:
-    """The mutant against every safety property, then the liveness one."""
+def coverage_of(verdicts: Sequence[Verdict]) -> tuple[Dead, ...] | None:
+    """What no run of the model takes, from the safety search that held (None: none did)."""
+    return next((v.check.dead for v in verdicts if v.check.dead is not None), None)
+
+
+@dataclass(frozen=True)
+class MutantVerdict:
+    """A mutant's verdict: refuted (or, named equivalent, changing nothing), or not."""
+
+    mutant: Mutant
+    check: Check
+    ok: bool
+    text: str
+
+
+def check_mutant(
+    mutant: Mutant,
+    faults: int,
+    workdir: Path,
+    model: Callable[[], PanResult | None] = lambda: None,
+) -> MutantVerdict:
+    """The mutant against every safety property, then the liveness one.
+
+    An equivalent mutant's safety search must hold with the model's own states and
+    transitions: ``model()`` gives the model's safety search at the same faults when it held
+    (None: it is searched here).
+    """
     safety = tuple(p.macro for p in PROPERTIES if not p.liveness)
     defines = (f"MAXF={faults}", mutant.macro, *safety)
     check = run_search(Search(defines, liveness=False), workdir, mutant.name)
+    if mutant.equivalent:
+        reference = model()
+        if reference is None:
+            plain = Search((f"MAXF={faults}",), liveness=False)
+            reference = _search(plain, workdir, "model").result
+        same = (check.result.stored, check.result.transitions) == (
+            reference.stored,
+            reference.transitions,
+        )
+        if check.result.holds and same:
+            return MutantVerdict(mutant, check, True, "equivalent: the same states")
+        return MutantVerdict(mutant, check, False, "NOT EQUIVALENT")
+    if not check.result.errors:
+        search = Search((f"MAXF={faults}", mutant.macro), liveness=True)
+        check = run_search(search, workdir, mutant.name)
     if check.result.errors:
-        return check
-    search = Search((f"MAXF={faults}", mutant.macro), liveness=True)
-    return run_search(search, workdir, mutant.name)
+        return MutantVerdict(mutant, check, True, f"refuted by {check.failed}")
+    return MutantVerdict(mutant, check, False, "NOT REFUTED")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one invocation checked."""
+
+    verdicts: list[Verdict]
+    mutants: list[MutantVerdict] | None
+
+
+def check_all(
+    props: Sequence[Property],
+    mutants: Sequence[Mutant] | None,
+    *,
+    faults: int,
+    fair: bool,
+    workdir: Path,
+    jobs: int,
+) -> Outcome:
+    """The properties, then the mutants, searched ``jobs`` at a time (each in a directory
+    of its own under ``workdir``); the results in the order asked for."""
+    safety = [p for p in props if not p.liveness]
+    places = (workdir / f"search-{n}" for n in itertools.count(1))
+
+    def place() -> Path:
+        path = next(places)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        safety_run = pool.submit(check_safety, safety, faults, place()) if safety else None
+        liveness_runs = [
+            pool.submit(check_liveness, p, faults, fair, place()) for p in props if p.liveness
+        ]
+
+        def model() -> PanResult | None:
+            held = [v for v in safety_run.result() if v.holds] if safety_run else []
+            return held[0].check.result if held else None
+
+        mutant_runs = [
+            pool.submit(check_mutant, m, faults, place(), model) for m in (mutants or ())
+        ]
+        verdicts = list(safety_run.result()) if safety_run else []
+        verdicts += [r.result() for r in liveness_runs]
+        checked = [r.result() for r in mutant_runs] if mutants is not None else None
+    order = {p.name: n for n, p in enumerate(PROPERTIES)}
+    verdicts.sort(key=lambda v: order[v.prop.name])
+    return Outcome(verdicts, checked)
 
 
 # -- output ---------------------------------------------------------------------------
@@ -461,14 +732,18 @@ _NUMBERS = ["states", "transitions", "depth", "search s", "memory MB"]
 
 def _verdict_text(verdict: Verdict) -> str:
     if verdict.holds:
-        return "holds"
+        implied = verdict.prop.implied_by
+        return f"holds (implied by {implied})" if implied else "holds"
     if verdict.check.result.errors:
         return "VIOLATED"
     return "INCOMPLETE"
 
 
 def print_model(verdicts: Sequence[Verdict], faults: int) -> None:
-    print(f"model/protocol.pml: 1 job, 2 messages, 2 workers, at most {faults} faults per run")
+    print(
+        f"model/protocol.pml: 1 job, 2 messages, 2 workers (3 callback threads), "
+        f"at most {faults} faults per run"
+    )
     rows = [
         [
             v.prop.name,
@@ -487,20 +762,33 @@ def print_model(verdicts: Sequence[Verdict], faults: int) -> None:
             _print_story(f"{verdict.prop.name}: {verdict.prop.sentence}", verdict.check)
 
 
-def print_mutants(checks: Sequence[tuple[Mutant, Check]]) -> None:
-    rows = [
-        [
-            mutant.name,
-            f"refuted by {check.failed}" if check.result.errors else "NOT REFUTED",
-            *_numbers(check.result),
-        ]
-        for mutant, check in checks
-    ]
+def print_coverage(dead: Sequence[Dead] | None, faults: int) -> bool:
+    """Say which of the model's statements no run takes; True when every one is taken."""
+    if dead is None:
+        return True  # no safety search held: nothing to say (a failure is reported already)
+    if faults < DEFAULT_FAULTS:
+        print(f"branches of the model: not checked below {DEFAULT_FAULTS} faults per run")
+        return True
+    if not dead:
+        print("branches of the model: every one is taken in some run")
+        return True
+    print("\nDEAD MODEL CODE: no run takes these statements (a guard that never fires, or a")
+    print("branch the search never reaches; an `else` needs a statement of its own: `nothing`):")
+    for d in dead:
+        seen = "" if d.seen else "  (an else not seen: give it `nothing`)"
+        print(f"  model/protocol.pml:{d.line} ({d.proctype}): {d.text}{seen}")
+    return False
+
+
+def print_mutants(verdicts: Sequence[MutantVerdict]) -> None:
+    rows = [[v.mutant.name, v.text, *_numbers(v.check.result)] for v in verdicts]
     print()
     print(_table(["mutant", "verdict", *_NUMBERS], rows))
-    for mutant, check in checks:
-        if check.result.errors:
-            _print_story(f"{mutant.name} ({mutant.what}), refuted by {check.failed}", check)
+    for v in verdicts:
+        if v.check.result.errors:
+            _print_story(f"{v.mutant.name} ({v.mutant.what}), refuted by {v.check.failed}", v.check)
+        elif v.mutant.equivalent:
+            print(f"\n{v.mutant.name} ({v.mutant.what}) is equivalent: {v.mutant.equivalent}")
 
 
 def _print_story(title: str, check: Check) -> None:
@@ -552,6 +840,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="build in DIR and keep it (default: a temp dir)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=DEFAULT_JOBS,
+        metavar="N",
+        help=f"searches at a time (default {DEFAULT_JOBS}: the verifier uses one core each)",
+    )
     return parser
 
 
@@ -577,15 +872,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     wanted = args.properties or [p.name for p in PROPERTIES]
     props = [p for p in PROPERTIES if p.name in wanted]
+    chosen = None
+    if args.mutants is not None:
+        chosen = [m for m in MUTANTS if not args.mutants or m.name in args.mutants]
     with _workdir(args.keep) as workdir:
-        verdicts = check_model(props, args.faults, args.fair, workdir)
-        print_model(verdicts, args.faults)
-        failed = not all(v.holds for v in verdicts)
-        if args.mutants is not None:
-            chosen = [m for m in MUTANTS if not args.mutants or m.name in args.mutants]
-            checks = [(mutant, check_mutant(mutant, args.faults, workdir)) for mutant in chosen]
-            print_mutants(checks)
-            failed = failed or not all(check.result.errors for _, check in checks)
+        outcome = check_all(
+            props, chosen, faults=args.faults, fair=args.fair, workdir=workdir, jobs=args.jobs
+        )
+    print_model(outcome.verdicts, args.faults)
+    covered = print_coverage(coverage_of(outcome.verdicts), args.faults)
+    failed = not all(v.holds for v in outcome.verdicts) or not covered
+    if outcome.mutants is not None:
+        print_mutants(outcome.mutants)
+        failed = failed or not all(v.ok for v in outcome.mutants)
     return 1 if failed else 0
 
 

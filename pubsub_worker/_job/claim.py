@@ -5,7 +5,8 @@ common case, in one RPC. An existing job is read, :func:`decide` says what
 its state allows, and a take-over is written with ``update`` conditioned on
 the version just read: if anyone wrote in between, the claim is decided
 again from a fresh read. No lock is held between the read and the write.
-The two conditions are the ``claim`` fence (:mod:`pubsub_worker._support.fences`).
+The two conditions are the ``claim`` fence (:mod:`pubsub_worker._support.fences`);
+another owner's live lease making the claim wait is the ``live-lease`` fence.
 
 Whether a running job's lease is still live is judged on the store's clock
 (:mod:`pubsub_worker._job.lease`).
@@ -120,6 +121,7 @@ def decide(
         return ClaimKind.FAILED
     if record.status is Status.RUNNING:
         live = lease_left_s(record, now, read_time=read_time, update_time=update_time) > 0
+        live = live and not fences.off("live-lease")  # switched off in a test: taken over
         ours_abandoned = (
             record.owner == request.owner
             and record.message_id is not None

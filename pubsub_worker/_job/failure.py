@@ -26,8 +26,8 @@ for a job whose failed record is durable (docs/protocol.md, property
    write lands, no claim takes the job (only a replay revives it);
 4. publish the original data and attributes, plus the reason, to
    ``FAILURE_TOPIC`` and wait for the publish;
-5. mark the record ``review: sent``, conditioned on the version of 3 (refused
-   only if another delivery marked it first or a replay reset the job);
+5. mark the record ``review: sent``, conditioned on the version of 3 (refused:
+   marked again on the version read if still this failure, see ``_mark_sent``);
 6. only then ack the message.
 
 A delivery whose claim finds the job failed with its review pending (its
@@ -74,6 +74,7 @@ from pubsub_worker._attributes import (
     REVIEW_ATTRIBUTES,
     SUBSCRIPTION_ATTRIBUTE,
 )
+from pubsub_worker._support import fences
 from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, fit_attributes, problems
 from pubsub_worker._support.logs import JobLogger, job_logger
@@ -101,6 +102,8 @@ _LOGGER = logging.getLogger(__name__)
 
 MAX_STORED_DATA_BYTES = 512 * 1024
 _MAX_STORED_ATTRIBUTES_BYTES = 128 * 1024
+_MARK_ROUNDS = 3
+"""Tries of the review's mark, each on the version read after the one before was refused."""
 
 
 class FailurePath:
@@ -187,7 +190,7 @@ class FailurePath:
             job.fail(reason, recorded_error, extra)  # fenced: a stale owner stops here
             if review is not None:
                 self._publish_review(data, review)
-                self._mark_sent(job.identity.doc_id, job.document.version, log)
+                self._mark_sent(job.identity.doc_id, job.document.version, job.epoch, log)
         else:
             if review is not None:
                 self._publish_review(data, review)
@@ -245,27 +248,47 @@ class FailurePath:
             )
             return
         self._publish_review(data, review)
-        self._mark_sent(doc_id, version, log)
+        self._mark_sent(doc_id, version, record.epoch, log)
         log.warning("published the failed job's pending failure message (%s)", record.reason)
 
     def _publish_review(self, data: bytes, review: Mapping[str, str]) -> None:
         assert self._topic is not None
         self._publish(self._topic, data, review).result(timeout=self._io_timeout_s)
 
-    def _mark_sent(self, doc_id: str, version: Version | None, log: JobLogger) -> None:
-        """Step 5: ``review: sent``, conditioned on the failed record's version.
+    def _mark_sent(self, doc_id: str, version: Version | None, epoch: int, log: JobLogger) -> None:
+        """Step 5: ``review: sent`` on the failed record's version (the ``review-mark`` fence).
 
-        Refused, another delivery marked it or a replay reset the job: nothing
-        to do. A store error is logged, not raised: the failure message went
-        out and the message is acked; a later delivery (only if the ack is lost)
-        would publish it again.
+        Refused, it is read again: still this failure (failed at ``epoch``, pending:
+        a writer such as a shard backfill left it so), it is marked on the version
+        read; marked by another, or replayed (a new epoch): nothing to do. A store
+        error is logged: the message went out and is acked (published again only
+        by a delivery that finds it pending, if the ack is lost).
         """
         if version is None:
             return
+        changes: dict[tuple[str, ...], Any] = {(s.REVIEW,): s.Review.SENT.value}
         try:
-            self._store.update(doc_id, {(s.REVIEW,): s.Review.SENT.value}, expected=version)
-        except VersionConflict:
-            log.debug("the failure message's mark was written by another delivery, or replayed")
+            for _ in range(_MARK_ROUNDS):
+                try:
+                    self._store.update(doc_id, changes, expected=version)
+                    return
+                except VersionConflict:
+                    snap = self._store.get(doc_id)
+                    if snap is None:
+                        return
+                    if fences.off("review-mark"):  # switched off in a test: write over it
+                        self._store.update(doc_id, changes, expected=snap.version)
+                        return
+                    record = JobRecord.parse(snap.fields)
+                    if not (
+                        record.status is Status.FAILED
+                        and record.epoch == epoch
+                        and record.review_pending
+                    ):
+                        log.debug("the failure message's mark: written by another, or replayed")
+                        return
+                    version = snap.version
+            log.warning("failure message published; its record kept changing, still pending")
         except StoreError as exc:
             log.warning("failure message published; its record still says pending: %s", exc)
 

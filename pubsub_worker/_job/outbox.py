@@ -218,8 +218,12 @@ class Outbox:
 
 
 def unsent(outbox: Mapping[str, OutboxEntry]) -> list[OutboxEntry]:
-    """Entries committed but not marked sent, in a stable order."""
-    return [entry for entry in outbox.values() if not entry.sent]
+    """Entries committed but not marked sent, by entry id: the same order on every store.
+
+    Not the map's own order: the memory store keeps the order entries were written in,
+    Firestore returns a map's fields in an order of its own.
+    """
+    return sorted((entry for entry in outbox.values() if not entry.sent), key=lambda e: e.id)
 
 
 def _clip(text: str) -> str:

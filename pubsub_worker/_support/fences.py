@@ -5,35 +5,44 @@ one check in the code, named here; its site asks :func:`off` whether the
 check is switched off, and a must-fail test runs the race the fence guards
 with it off and sees the violation:
 
-===============  ==============================================  ===============================
-fence            where, what it guards                           switched off
-===============  ==============================================  ===============================
-``generation``   ``DeliveryTracker.is_current``: only the        every delivery counts as
-                 latest delivery of a message, not given up      current: a superseded one
-                 nor refused by Pub/Sub, settles on Pub/Sub      runs on and settles
-``adoption``     ``KeyGate.acquire`` and ``claim.claim``: a      the newer delivery takes the
-                 newer delivery of a message running in this     key and the job over at once:
-                 process waits for it and settles from the       the running step runs twice
-                 record; it takes over only past the cap
-``claim``        ``claim.claim``: create-if-absent, and the      the claim writes over the
-                 compare-and-set on the version it decided on    document it finds now
-``commit``       ``FencedDocument.write``: the version           a write uses the document's
-                 precondition of the owner's writes              current version, unchecked
-``transaction``  ``transact`` of every store (Firestore sync and  the transaction commits
-                 async, memory): the job's version checked in    whatever version it reads
-                 the transaction
-``durable-ack``  ``DeliveryFlow``: the ack only once the         the ack goes out before the
-                 completion is durable                           completion's write
-``outbox``       ``JobCore.complete``: unsent outbox entries     the job completes with its
-                 published before the completion                 entries unsent
-===============  ==============================================  ===============================
+================  =============================================  ==============================
+fence             where, what it guards                          switched off
+================  =============================================  ==============================
+``generation``    ``DeliveryTracker.is_current``: only the       every delivery counts as
+                  latest delivery of a message, not given up     current: a superseded one
+                  nor refused by Pub/Sub, settles on Pub/Sub     runs on and settles
+``adoption``      ``KeyGate.acquire`` and ``claim.claim``: a     the newer delivery takes the
+                  newer delivery of a message running in this    key and the job over at once:
+                  process waits for it and settles from the      the running step runs twice
+                  record; it takes over only past the cap
+``claim``         ``claim.claim``: create-if-absent, and the     the claim writes over the
+                  compare-and-set on the version it decided on   document it finds now
+``live-lease``    ``claim.decide``: another owner's lease that   a claim takes a running job
+                  still runs makes the claim wait (busy)         over whatever its lease
+``commit``        ``FencedDocument.write``: the version          a write uses the document's
+                  precondition of the owner's writes             current version, unchecked
+``transaction``   ``transact`` of every store (Firestore sync    the transaction commits
+                  and async, memory): the job's version checked  whatever version it reads
+                  in the transaction
+``durable-ack``   ``DeliveryFlow``: the ack only once the        the ack goes out before the
+                  completion is durable                          completion's write
+``outbox``        ``JobCore.complete``: unsent outbox entries    the job completes with its
+                  published before the completion                entries unsent
+``review-mark``   ``FailurePath._mark_sent``: ``review: sent``   the mark is written on the
+                  on the failed record's version (read again     version the job is at now
+                  when refused: still that failure)
+``expect-epoch``  ``jobs release --expect-epoch``: the release   the release lands at any
+                  only while the job is at the epoch shown       epoch
+================  =============================================  ==============================
 
 The switch is read once, when this module is imported, from
 ``PUBSUB_WORKER_UNSAFE_DISABLE_FENCES`` (comma-separated names), so that a
 test can start real worker processes with a fence off; in-process tests use
 :func:`disabled`. It is honoured only when ``PUBSUB_EMULATOR_HOST`` and
-``FIRESTORE_EMULATOR_HOST`` are both set: anywhere else, as for an unknown
-name, a worker refuses to start (:func:`check` raises
+``FIRESTORE_EMULATOR_HOST`` both name an emulator on this machine
+(``HOST:PORT``, the host ``localhost`` or a loopback address, the port
+1-65535; a placeholder such as ``unused`` is refused): anywhere else, as for
+an unknown name, a worker refuses to start (:func:`check` raises
 :class:`~pubsub_worker.errors.ConfigError`), and a worker that starts with a
 fence off logs a warning naming it. With nothing switched off (production),
 a fence site costs one lookup in an empty frozenset.
@@ -41,6 +50,7 @@ a fence site costs one lookup in an empty frozenset.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -49,19 +59,35 @@ from typing import Literal, get_args
 
 from pubsub_worker.errors import ConfigError
 
-__all__ = ["ENV", "FENCES", "Fence", "check", "disabled", "off", "parse"]
+__all__ = ["ENV", "FENCES", "Fence", "check", "disabled", "is_local_address", "off", "parse"]
 
-Fence = Literal["generation", "adoption", "claim", "commit", "transaction", "durable-ack", "outbox"]
+Fence = Literal[
+    "generation",
+    "adoption",
+    "claim",
+    "live-lease",
+    "commit",
+    "transaction",
+    "durable-ack",
+    "outbox",
+    "review-mark",
+    "expect-epoch",
+]
 """The name of a fence that a test may switch off."""
 
 FENCES: tuple[Fence, ...] = get_args(Fence)
-"""Every fence, in the order a delivery meets them."""
+"""Every fence, in the order a delivery meets them (the operator's last)."""
 
 ENV = "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES"
 """The variable naming the fences switched off (comma-separated), read once at import."""
 
 EMULATORS = ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST")
-"""Both must be set for a fence to be switched off."""
+"""Both must name an emulator on this machine for a fence to be switched off."""
+
+EMULATOR_ADDRESS = (
+    "HOST:PORT, the host localhost, 127.0.0.1 (any 127.x.y.z) or [::1], the port 1-65535"
+)
+"""What :data:`EMULATORS` must hold, said in the refusal."""
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -93,6 +119,27 @@ def _refuse_unless_emulated(environ: Mapping[str, str]) -> None:
             f"{ENV}: refused: fences can only be switched off against the emulators "
             f"({' and '.join(missing)} not set)"
         )
+    for name in EMULATORS:
+        if not is_local_address(environ[name]):
+            raise ConfigError(
+                f"{ENV}: refused: fences can only be switched off against the emulators on "
+                f"this machine: {name}={environ[name]!r} is not one ({EMULATOR_ADDRESS})"
+            )
+
+
+def is_local_address(value: str) -> bool:
+    """Whether ``value`` is ``HOST:PORT`` of a server on this machine (a loopback host)."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 try:

@@ -21,8 +21,11 @@ Leases are long (300 s): no lease runs out in a scenario (but the one
 whose race is a lease running out), so only the fence under test is in play.
 
 This module holds the harness and the claim's fence;
+``test_fences_lease.py`` the claim's wait for a live lease (live-lease);
 ``test_fences_writes.py`` the owner's writes (commit, transaction);
-``test_fences_delivery.py`` a delivery's (generation, durable-ack, outbox).
+``test_fences_delivery.py`` a delivery's (generation, durable-ack, outbox);
+``test_fences_review.py`` the failure path's (review-mark);
+``test_fences_operator.py`` the operator's (expect-epoch).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle
 from pubsub_worker._job.keys import document_id
-from pubsub_worker._ops.jobs import release
+from pubsub_worker._ops.jobs import ReleaseResult, release
+from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
 from pubsub_worker._support import fences
+from pubsub_worker._support.clients import publisher_function
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from tests.support.observe import job_document
@@ -91,14 +96,15 @@ class Hold:
 
 
 class HeldStore(FirestoreJobStore):
-    """The Firestore job store, whose next ``create`` or next claim's ``update`` can be held."""
+    """The Firestore job store, whose next call of a kind can be held."""
 
     def __init__(self, client: Any, collection: str) -> None:
         super().__init__(client, collection)
         self._holds: dict[str, Hold] = {}
 
     def hold(self, call: str) -> Hold:
-        """Hold the next ``create``, or the next ``claim`` (an update that changes the owner)."""
+        """Hold the next ``create``; the next ``claim`` (an update that changes the owner);
+        the next ``mark`` (the review marked sent); or right after the next ``read``."""
         self._holds[call] = hold = Hold()
         return hold
 
@@ -114,7 +120,14 @@ class HeldStore(FirestoreJobStore):
     def update(self, doc_id: str, changes: s.Changes, *, expected: s.Version) -> s.Version:
         if (s.OWNER,) in changes:
             self._reached("claim")
+        if changes.get((s.REVIEW,)) == s.Review.SENT.value:
+            self._reached("mark")
         return super().update(doc_id, changes, expected=expected)
+
+    def get(self, doc_id: str) -> s.Snapshot | None:
+        snap = super().get(doc_id)
+        self._reached("read")
+        return snap
 
 
 # -- real deliveries ------------------------------------------------------------------
@@ -291,11 +304,26 @@ class World:
         snap = FirestoreJobStore(self.firestore_client, self.settings.collection).get(doc_id)
         return None if snap is None else str(snap.fields[s.STATUS])
 
-    def release_job(self) -> None:
+    def release_job(self, expect_epoch: int | None = None) -> ReleaseResult:
         """``pubsub-worker jobs release``: the epoch moves on, the current owner is fenced."""
         store = FirestoreJobStore(self.firestore_client, self.settings.collection)
-        result = release(store, self.settings.subscription_path, KEY)
-        assert result.ok, result.detail
+        return release(store, self.settings.subscription_path, KEY, expect_epoch=expect_epoch)
+
+    def replay_job(self) -> None:
+        """``pubsub-worker jobs replay``: the failed job reset (a new epoch), its message
+        published again."""
+        store = FirestoreJobStore(self.firestore_client, self.settings.collection)
+        doc_id = document_id(self.settings.subscription_path, KEY)
+        snap = store.get(doc_id)
+        assert snap is not None
+        [result] = replay(
+            store,
+            [FailedJob(doc_id, s.JobRecord.parse(snap.fields))],
+            topic=self.subscription.topic_path,
+            publish=publisher_function(self.publisher),
+            key_attribute="op",
+        )
+        assert result.kind is ReplayOutcome.REPLAYED, result.reason
 
 
 @pytest.fixture

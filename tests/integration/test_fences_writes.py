@@ -59,7 +59,7 @@ def test_a_stale_owner_s_commit_is_refused(world: World, fenced: bool) -> None:
     first = world.inbox.next()
     late = a.deliver(first)
     inside_b.wait_arrived()
-    world.release_job()
+    assert world.release_job().ok
     world.publish()
     second = world.inbox.next()
     settled(b.deliver(second))
@@ -136,7 +136,7 @@ def test_a_stale_owner_s_transaction_never_lands(world: World, fenced: bool, fla
     first = world.inbox.next()
     late = a.deliver(first)
     before.wait_arrived()
-    world.release_job()
+    assert world.release_job().ok
     world.publish()
     second = world.inbox.next()
     settled(b.deliver(second))

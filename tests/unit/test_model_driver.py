@@ -6,7 +6,10 @@ driver does not read.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,3 +236,110 @@ def test_without_spin_the_driver_says_what_to_install(
 
     assert check.main([]) == 2
     assert "install Debian's spin and gcc" in capsys.readouterr().err
+
+
+LISTING = """proctype Operator
+\tstate  76 -(tr  11)-> state   2  [id 2915 tp   2] [A-e-G] protocol.pml:994 => ((phase==0))
+\tstate   2 -(tr  12)-> state   3  [id 2916 tp   2] [A---G] protocol.pml:995 => phase = 1
+\tstate  35 -(tr  18)-> state  10  [id 2923 tp   2] [A---G] protocol.pml:1004 => ((st==3))
+\tstate  35 -(tr   2)-> state  12  [id 2925 tp   2] [A---G] protocol.pml:1004 => else
+\tstate  12 -(tr   1)-> state  76  [id 2926 tp   2] [A---G] protocol.pml:1006 => goto done
+\tstate  10 -(tr   2)-> state  76  [id 2927 tp   2] [A---G] protocol.pml:1008 => else
+init
+\tstate   1 -(tr   5)-> state   2  [id 2990 tp   2] [A---G] protocol.pml:1044 => published[0] = 1
+claim settles
+\tstate   5 -(tr  60)-> state   5  [id 3001 tp   2] [----G] _spin_nvr.tmp:3 => (1)
+"""
+
+PEGS = """
+unreached in proctype Operator
+\tprotocol.pml:1040, state 79, "-end-"
+\tprotocol.pml:1006, state 12, "goto done"
+\t(2 of 79 states)
+unreached in init
+\t(0 of 7 states)
+unreached in claim settles
+\t_spin_nvr.tmp:3, state 5, "(1)"
+\t(3 of 13 states)
+
+pan: elapsed time 4.22 seconds
+Peg Counts (transitions executed):
+2371042\ttrans    1 (null):0
+2436481\ttrans    2 (null):0
+    1\ttrans    5 protocol.pml:1044
+  812\ttrans   11 protocol.pml:994
+  812\ttrans   12 protocol.pml:995
+"""
+
+
+def test_the_transitions_of_the_models_processes_are_read_from_pans_listing() -> None:
+    transitions = check.parse_transitions(LISTING)
+
+    assert transitions[0] == check.Transition("Operator", 76, 11, 2, 994, "((phase==0))")
+    assert [(t.proctype, t.forward) for t in transitions] == [
+        ("Operator", 11),
+        ("Operator", 12),
+        ("Operator", 18),
+        ("Operator", 2),
+        ("Operator", 1),
+        ("Operator", 2),
+        ("init", 5),
+    ]  # the never claim's are not the model's
+
+
+def test_peg_counts_and_unreached_states_are_read_from_pans_output() -> None:
+    assert check.parse_pegs(PEGS) == {1: 2371042, 2: 2436481, 5: 1, 11: 812, 12: 812}
+    assert check.parse_unreached(PEGS) == {("Operator", 79), ("Operator", 12)}
+    with pytest.raises(ValueError, match="-DPEG"):
+        check.parse_pegs("pan: elapsed time 1 seconds\n")
+
+
+def test_dead_code_is_every_statement_no_run_takes() -> None:
+    dead = check.dead_code(
+        check.parse_transitions(LISTING), check.parse_pegs(PEGS), check.parse_unreached(PEGS)
+    )
+
+    # st==3 never ran (no peg count); the else beside it leads alone to state 12, which no
+    # run reached; goto done leaves that unreached state; the else at 1008 leads to state 76,
+    # which others lead to as well: whether it was taken cannot be seen.
+    assert dead == [
+        check.Dead("Operator", 1004, "((st==3))"),
+        check.Dead("Operator", 1004, "else"),
+        check.Dead("Operator", 1006, "goto done"),
+        check.Dead("Operator", 1008, "else", seen=False),
+    ]
+
+
+def test_copies_of_one_statement_count_together() -> None:
+    """An inline's statement is one per call: it is dead only when no copy runs."""
+    copies = [
+        check.Transition("Thread", 3, 40, 4, 243, "rec = (rec|1)"),
+        check.Transition("Thread", 9, 41, 10, 243, "rec = (rec|1)"),
+    ]
+
+    assert check.dead_code(copies, {41: 3}, set()) == []
+    assert check.dead_code(copies, {}, set()) == [check.Dead("Thread", 243, "rec = (rec|1)")]
+
+
+def test_a_property_implied_by_another_says_so() -> None:
+    implied = {p.name: p.implied_by for p in check.PROPERTIES if p.implied_by}
+    assert implied == {"failed-xor-completed": "fenced"}
+    assert set(implied.values()) <= {p.name for p in check.PROPERTIES}
+
+
+def test_an_equivalent_mutant_must_leave_the_state_space_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """It holds with the model's own states and transitions, or the check fails."""
+    mutant = next(m for m in check.MUTANTS if m.equivalent)
+    model = check.parse_pan(PASSED)
+    grown = dataclasses.replace(model, stored=model.stored + 1)
+
+    def search(result: check.PanResult) -> Any:
+        return lambda *_: check.Check("m", result, [], None, 0.0)
+
+    monkeypatch.setattr(check, "run_search", search(model))
+    assert check.check_mutant(mutant, 2, tmp_path, lambda: model).ok
+    monkeypatch.setattr(check, "run_search", search(grown))
+    verdict = check.check_mutant(mutant, 2, tmp_path, lambda: model)
+    assert (verdict.ok, verdict.text) == (False, "NOT EQUIVALENT")

@@ -178,6 +178,28 @@ def test_a_replay_between_the_publish_and_its_mark_is_left_alone(
     assert len(replayed) == 1
 
 
+def test_a_mark_refused_by_a_write_that_left_the_failure_as_it_was_is_written_again(
+    world: Callable[..., World],
+) -> None:
+    """The protocol's model found it: a writer that moves the version and leaves the failure
+    as it was (a shard backfill) between the publish and its mark. Refused, the mark is read
+    again and written on the version read, not left pending for good with its message out."""
+    w = world(Counting())
+    publish = w.publisher.publish
+
+    def backfilling(topic: str, data: bytes, **attributes: str) -> Future[str]:
+        if topic == FAILURES:
+            snap = w.store.get(DOC)
+            assert snap is not None
+            w.store.update(DOC, {(s.SHARD,): s.shard_of(DOC)}, expected=snap.version)
+        return publish(topic, data, **attributes)
+
+    w.publisher.publish = backfilling  # type: ignore[method-assign]
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
+    assert len(w.reviews()) == 1
+
+
 def test_a_replay_clears_the_review_and_a_new_failure_is_reviewed_again(
     world: Callable[..., World],
 ) -> None:

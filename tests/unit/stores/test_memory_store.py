@@ -43,8 +43,19 @@ def test_with_the_transaction_fence_switched_off_the_stale_write_lands(
     snap = store.get("job")
     assert snap is not None
     assert (result, snap.fields) == ("written", {"epoch": 2, "by": "the stale owner"})
-    with pytest.raises(VersionConflict):  # the block ended: the fence is back
-        store.update("job", {("epoch",): 3}, expected=1)
+    # The block ended: the fence is back, and the next stale transaction writes nothing.
+    stale = snap.version
+    store.update("job", {("epoch",): 3}, expected=stale)
+    with pytest.raises(VersionConflict):
+        store.transact(
+            "job",
+            expected=stale,
+            body=lambda transaction: "written",
+            changes=lambda result: {("by",): "another stale owner"},
+        )
+    after = store.get("job")
+    assert after is not None
+    assert after.fields == {"epoch": 3, "by": "the stale owner"}
 
 
 def test_an_update_changes_only_its_paths_and_shares_nothing_a_reader_can_change() -> None:

@@ -20,10 +20,13 @@ def test_the_fences_in_the_order_a_delivery_meets_them() -> None:
         "generation",
         "adoption",
         "claim",
+        "live-lease",
         "commit",
         "transaction",
         "durable-ack",
         "outbox",
+        "review-mark",
+        "expect-epoch",
     )
 
 
@@ -48,8 +51,8 @@ def test_an_unknown_name_is_an_error_naming_the_variable_and_the_names() -> None
         fences.parse({**EMULATED, fences.ENV: "commit,comit"})
     assert str(caught.value) == (
         "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES='commit,comit': unknown fence(s) comit "
-        "(accepted: comma-separated names among "
-        "generation, adoption, claim, commit, transaction, durable-ack, outbox)"
+        "(accepted: comma-separated names among generation, adoption, claim, live-lease, "
+        "commit, transaction, durable-ack, outbox, review-mark, expect-epoch)"
     )
 
 
@@ -71,6 +74,38 @@ def test_switching_a_fence_off_is_refused_without_both_emulators(
         "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES: refused: fences can only be switched off "
         f"against the emulators ({missing} not set)"
     )
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "unused",
+        "placeholder:0",
+        "localhost",
+        "127.0.0.1:",
+        "127.0.0.1:65536",
+        "127.0.0.1:80a",
+        "emulator:8085",
+        "10.0.0.7:8085",
+        "firestore.googleapis.com:443",
+        "[2001:db8::1]:8085",
+    ],
+)
+def test_a_placeholder_or_a_remote_host_is_not_an_emulator(host: str) -> None:
+    """Set to anything, the variables would let a fence be switched off in production."""
+    with pytest.raises(ConfigError) as caught:
+        fences.parse({**EMULATED, "FIRESTORE_EMULATOR_HOST": host, fences.ENV: "commit"})
+    assert str(caught.value) == (
+        "PUBSUB_WORKER_UNSAFE_DISABLE_FENCES: refused: fences can only be switched off against "
+        f"the emulators on this machine: FIRESTORE_EMULATOR_HOST={host!r} is not one "
+        "(HOST:PORT, the host localhost, 127.0.0.1 (any 127.x.y.z) or [::1], the port 1-65535)"
+    )
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8085", "localhost:1", "127.8.9.10:65535", "[::1]:80"])
+def test_an_emulator_on_this_machine_is_one(host: str) -> None:
+    environ = {**EMULATED, "PUBSUB_EMULATOR_HOST": host, fences.ENV: "commit"}
+    assert fences.parse(environ) == {"commit"}
 
 
 def test_every_fence_is_on_unless_a_test_switches_it_off() -> None:
