@@ -30,17 +30,12 @@ for a job whose failed record is durable (docs/protocol.md, property
    marked again on the version read if still this failure, see ``_mark_sent``);
 6. only then ack the message.
 
-A delivery whose claim finds the job failed with its review pending (its
-owner crashed, or its publish failed, between 3 and 5) publishes the failure
-message itself, marks it sent and acks (:meth:`FailurePath.publish_pending`);
-if that publish fails the message comes back after a backoff. So a crash
-between 4 and 5 publishes the failure message again (it carries the key and
-message id: a reviewer sees the duplicate), and a crash between 5 and 6 acks
-on the redelivery without publishing again. A crash after an entry went out
-in 2 but before its mark was written publishes it again, with the same effect
-key. If a write of 1, 2 or 3 or the publish of 4 fails, the message is not
-acked: it comes back after a backoff (or, ownership lost, it is left to the
-new owner).
+A delivery whose claim finds the job failed with its review pending (a crash
+or a failed publish between 3 and 5) publishes it, marks it sent and acks
+(:meth:`FailurePath.publish_pending`); a crash between 5 and 6 acks without
+publishing again. Each crash window is in docs/architecture.md ("Failure
+path"). If a write of 1, 2 or 3 or the publish of 4 fails, the message is not
+acked: it comes back after a backoff (ownership lost: left to the new owner).
 
 A message that never became a job has no owner to lose: its failure message
 is published first, then its ``failed`` record is created under its message id
