@@ -498,10 +498,9 @@ inline unconditioned_mark(t) {
 /* Thread t0 or t1 may receive message m when idle (t0: while t2 is idle too). */
 #define MAY_RECV(t, m) (RECV(m) && ((t) == 1 || ((t) == 0 && tm[2] == NOBODY)))
 
-/* Pub/Sub hands message m again to t0's process while t0 runs it (its ack deadline lapsed):
- * to t2, the process's other thread. (Delivered at the lapse: t2 does nothing before t0 ends,
- * so a later arrival reaches no other state; another message of the key would wait in the
- * key gate, which the model leaves out.) */
+/* Pub/Sub hands t0's message again to its process while t0 runs it (its ack deadline lapsed),
+ * to t2, which adopts t0's delivery (SLOWA says when). Another message of the key would wait
+ * in the key gate, which the model leaves out. */
 inline redeliver() {
     tm[2] = tm[0];
     valid[tm[0]] = 2;
@@ -518,17 +517,17 @@ end_idle:
     do
     :: if
        :: atomic {
-        t != 2 && (MAY_RECV(t, 0) || MAY_RECV(t, 1)) ->
-        if
-        :: MAY_RECV(t, 0) -> tm[t] = 0
-        :: MAY_RECV(t, 1) -> tm[t] = 1
-        fi;
-        valid[tm[t]] = t;
-        latest[PROC(t) * NMSG + tm[t]] = t;
-        printf("@ t%d: receives message %d\n", t, tm[t])
-       }
-    :: t == 2 && tm[t] != NOBODY
-    fi;
+            t != 2 && (MAY_RECV(t, 0) || MAY_RECV(t, 1)) ->
+            if
+            :: MAY_RECV(t, 0) -> tm[t] = 0
+            :: MAY_RECV(t, 1) -> tm[t] = 1
+            fi;
+            valid[tm[t]] = t;
+            latest[PROC(t) * NMSG + tm[t]] = t;
+            printf("@ t%d: receives message %d\n", t, tm[t])
+          }
+       :: t == 2 && tm[t] != NOBODY                                     /* redeliver() */
+       fi;
        if
        :: wt[t] -> goto adopting
        :: else -> nothing
