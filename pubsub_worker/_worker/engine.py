@@ -7,17 +7,14 @@ that holds only what its transport needs (the receipt times of the
 subscriber's scheduler; the HTTP request and its answer) and a :class:`Door`
 saying what its transport asks of the engine. Everything else is here, once:
 
-* the handler: checked when the engine is made (sync or ``async def``,
-  job-style or callback-style, wrapped already or not: :mod:`.handler`);
-* the runtime, built at :meth:`Engine.start` from the settings;
+* the handler, checked when the engine is made (:mod:`.handler`), and the
+  runtime, built at :meth:`Engine.start` from the settings;
 * the intake of a delivery (:meth:`Engine.deliver`): registered as the
   latest delivery of its message, its lease watched, its processing cap
   counted from receipt, then :class:`~pubsub_worker._worker.flow.DeliveryFlow`;
-* the lifecycle: :meth:`~Engine.start`, :meth:`~Engine.drain`,
-  :meth:`~Engine.stop_jobs`, :meth:`~Engine.close`, and the one shutdown
-  sequence (:meth:`~Engine.begin_shutdown`: no new claims, a grace for the
-  jobs in flight, then a stop at their next boundary;
-  :meth:`~Engine.finish_shutdown`), and the readiness answer.
+* the lifecycle (start, drain, stop, close), the one shutdown sequence
+  (:meth:`~Engine.begin_shutdown`: no new claims, one grace, then a stop at
+  the next boundary) and the readiness answer.
 """
 
 from __future__ import annotations
@@ -134,6 +131,7 @@ class Engine:
         self._draining = threading.Event()
         self._closed = False  # close() ran; a start() after it begins a new run
         self._shutdown: threading.Thread | None = None
+        self._reviews_checked = False  # no failed job waits for an unset failure topic
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -186,6 +184,9 @@ class Engine:
                 rt.completer.reopen(concluding_threads)
             if not rt.checked and (check_subscription or not self.door.reads_subscription):
                 self._check(rt)
+            if not self._reviews_checked:
+                runtime.check_pending_reviews(rt)
+                self._reviews_checked = True
             rt.keeper.start()
             return rt
 
@@ -233,8 +234,7 @@ class Engine:
 
     def wait_concluded(self, timeout_s: float | None = None) -> bool:
         """Wait until the deliveries handed off so far are concluded."""
-        rt = self._runtime
-        return True if rt is None else rt.completer.wait(timeout_s)
+        return self._runtime is None or self._runtime.completer.wait(timeout_s)
 
     def stop_jobs(self) -> None:
         """Ask in-flight jobs to stop at their next boundary; they are released, not acked."""

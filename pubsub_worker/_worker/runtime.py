@@ -25,17 +25,27 @@ from pubsub_worker._delivery.generations import DeliveryTracker, KeyGate, Orderi
 from pubsub_worker._delivery.lease import LeaseKeeper
 from pubsub_worker._job.context import JobContext, Publish
 from pubsub_worker._job.failure import FailurePath
+from pubsub_worker._ops import stats
 from pubsub_worker._support import clients
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import ConfigError, Unreachable
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.settings import Settings
-from pubsub_worker.stores.base import JobStore
+from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import JobStore, Review, Status
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+from pubsub_worker.stores.firestore import FirestoreJobStore
+from pubsub_worker.stores.memory import MemoryJobStore
 
 from .completer import Completer
 
-__all__ = ["Runtime", "build", "check_failure_topic", "check_subscription"]
+__all__ = [
+    "Runtime",
+    "build",
+    "check_failure_topic",
+    "check_pending_reviews",
+    "check_subscription",
+]
 
 _LOGGER = logging.getLogger("pubsub_worker")
 
@@ -170,6 +180,40 @@ def check_subscription(settings: Settings, subscriber: pubsub_v1.SubscriberClien
         "exactly-once delivery: acks resolve without proof, a lapsed lease is not "
         "detected by Pub/Sub, and only the Firestore epoch fences stale workers"
     )
+
+
+def check_pending_reviews(rt: Runtime) -> None:
+    """ConfigError when failed jobs wait for their failure message and no failure topic is set.
+
+    A job failed while ``FAILURE_TOPIC`` was set is recorded ``review: pending`` until
+    its failure message is out; a worker started without the variable could never publish
+    it (its deliveries are deferred, never acked). ``review`` is exempt from indexing: the
+    most recently written failed jobs are read (``stats.REVIEW_READS``), through the
+    listing index; when that cannot be read, the start goes on (said in the log).
+    """
+    if rt.settings.failure_topic_path is not None:
+        return
+    subscription = rt.settings.subscription_path
+    store = rt.store
+    index: stats.JobIndex
+    if isinstance(store, FirestoreJobStore):
+        index = stats.FirestoreJobIndex(store.client, store.collection, subscription)
+    elif isinstance(store, MemoryJobStore):
+        index = stats.MemoryJobIndex(store, subscription)
+    else:
+        return  # a store of the user's: nothing to list it by
+    try:
+        rows = index.newest(Status.FAILED, limit=stats.REVIEW_READS, fields=[s.REVIEW])
+    except Exception as exc:  # noqa: BLE001 - cannot tell: each delivery still refuses to ack
+        _LOGGER.warning("could not look for failed jobs waiting for review: %s", exc)
+        return
+    pending = sum(1 for row in rows if row.fields.get(s.REVIEW) == Review.PENDING.value)
+    if pending:
+        raise ConfigError(
+            f"{pending} failed job(s) of {subscription} wait for their failure message "
+            "(review: pending), but PUBSUB_WORKER_FAILURE_TOPIC is not set: set it to the "
+            "topic they were failed with, so their failure messages go out"
+        )
 
 
 def check_failure_topic(settings: Settings, publisher: pubsub_v1.PublisherClient) -> None:

@@ -26,7 +26,8 @@ from pubsub_worker._ops import jobs_view
 from pubsub_worker.errors import PermanentError
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores import base as s
-from tests.support.world import FAILURES, SUB, FakeMessage, World, world
+from tests.support.job_documents import put_job
+from tests.support.world import FAILURES, SUB, FakeMessage, FlakyStore, World, world
 
 __all__ = ["world"]
 
@@ -248,3 +249,15 @@ def test_a_pending_review_found_without_a_failure_topic_is_never_acked(
     assert message.actions[0] == "deadline 10"  # a backoff, not a hot loop
     assert "PUBSUB_WORKER_FAILURE_TOPIC is not set now" in caplog.text
     assert w.record()[s.REVIEW] == "pending"
+
+
+def test_a_worker_without_a_failure_topic_refuses_to_start_while_reviews_are_pending() -> None:
+    """Failed jobs recorded ``review: pending`` under a failure topic that is unset now:
+    the worker names the variable at start-up instead of deferring their messages forever."""
+    store = FlakyStore()
+    put_job(store, SUB, "k", s.Status.FAILED, review="pending")
+    with pytest.raises(pubsub_worker.ConfigError, match="PUBSUB_WORKER_FAILURE_TOPIC is not set"):
+        World(Counting(), store=store, failure_topic=None)
+    settled = FlakyStore()
+    put_job(settled, SUB, "k", s.Status.FAILED, review="sent")
+    World(Counting(), store=settled, failure_topic=None).close()  # nothing pending: it starts
