@@ -19,6 +19,7 @@ what production answers. Not a test: figures only.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -99,7 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     http.get(path).raise_for_status()
                     times.append((time.perf_counter() - begun) * 1000)
                 rows.append((name, statistics.median(times), max(times)))
-                print(f"  {name:<34} median {rows[-1][1]:8.0f} ms  max {rows[-1][2]:8.0f} ms")
+                load = os.getloadavg()[0]
+                print(
+                    f"  {name:<34} median {rows[-1][1]:8.0f} ms  max {rows[-1][2]:8.0f} ms"
+                    f"  (load average {load:.1f})",
+                    flush=True,
+                )
         jobs.close()
         subscriber.close()
     print()

@@ -19,9 +19,8 @@ failure topic          ``FAILURE_TOPIC`` is set and the topic does not exist (a 
                        when unset)
 Firestore              it does not answer
 TTL policy, indexes    never: hints with the ``gcloud`` commands (checked through the
-                       Firestore Admin API on real Firestore, where permitted); an
-                       unsharded listing index left from an earlier release is a hint
-dashboard indexes      never: hints with the commands of ``pubsub-worker ui``'s two indexes
+                       Firestore Admin API on real Firestore, where permitted)
+dashboard indexes      never: a hint with the command of ``pubsub-worker ui``'s index
 index exemptions       never: on real Firestore, a hint with its ``gcloud`` command per
                        field of ``EXEMPT_FIELDS`` still indexed (``ListFields``, the
                        explicit overrides); on the emulator, that it does not apply

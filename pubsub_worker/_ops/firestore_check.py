@@ -51,7 +51,7 @@ def firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> list
         f"point a TTL policy at it: {ttl_command(collection)}"
     )
     index_hint = "`jobs list` needs two composite indexes: " + "; ".join(index_commands(collection))
-    ui_hint = "`pubsub-worker ui` needs two more: " + "; ".join(
+    ui_hint = "`pubsub-worker ui`'s review queue needs one more: " + "; ".join(
         index_command(collection, i) for i in DASHBOARD_INDEXES
     )
     exempt_hint = (
@@ -104,7 +104,7 @@ def firestore_setup(settings: Settings, admin: Callable[[], Any] | None) -> list
     hints = dashboard_index_hints(collection, indexes)
     dashboard = [Check("dashboard indexes", Level.HINT, hint) for hint in hints]
     all_exempt = f"the {len(EXEMPT_FIELDS)} fields no query reads are not indexed"
-    ui_ok = "both composite indexes of `pubsub-worker ui` exist"
+    ui_ok = "the composite index of `pubsub-worker ui` exists"
     return [
         ttl,
         *(indexed or [Check("indexes", Level.OK, "both composite indexes of `jobs list` exist")]),

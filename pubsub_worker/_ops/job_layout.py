@@ -24,7 +24,6 @@ __all__ = [
     "EXEMPT_FIELDS",
     "LIST_INDEXES",
     "QUERIED_FIELDS",
-    "UNSHARDED_INDEXES",
     "IndexField",
     "QueryShape",
     "dashboard_index_hints",
@@ -73,23 +72,10 @@ DASHBOARD_INDEXES: tuple[tuple[IndexField, ...], ...] = (
         IndexField(s.SHARD),
         _NEWEST_FIRST,
     ),
-    (
-        IndexField(s.SUBSCRIPTION),
-        IndexField(s.STATUS),
-        IndexField(s.SHARD),
-        IndexField(s.UPDATED_AT),
-    ),
 )
-"""The composite indexes ``pubsub-worker ui`` adds: failed jobs by reason (its review queue;
-only documents that ever failed carry ``reason``, so only they have entries), and a status
-oldest first (the overview's oldest running job; one more entry per job write)."""
-
-UNSHARDED_INDEXES: tuple[tuple[IndexField, ...], ...] = (
-    (IndexField(s.SUBSCRIPTION), _NEWEST_FIRST),
-    (IndexField(s.SUBSCRIPTION), IndexField(s.STATUS), _NEWEST_FIRST),
-)
-"""The listing indexes of releases before the shard: every job write lands at their one end
-(500 writes per second per subscription); nothing queries them any more: delete them."""
+"""The composite index ``pubsub-worker ui`` adds: failed jobs by reason (its review queue;
+only documents that ever failed carry ``reason``, so only they have entries). Everything
+else it reads, ``jobs list`` and ``jobs stats`` read too, from :data:`LIST_INDEXES`."""
 
 QUERIED_FIELDS: tuple[str, ...] = (s.SUBSCRIPTION, s.STATUS)
 """Fields whose single-field indexes a query needs: ``jobs replay --all-failed`` asks
@@ -152,7 +138,7 @@ class QueryShape:
 
 
 def list_query_shape(
-    status: Status | None, *, older_than: bool, reason: bool = False, oldest_first: bool = False
+    status: Status | None, *, older_than: bool, reason: bool = False
 ) -> QueryShape:
     """The shape of :func:`~pubsub_worker._ops.listing.listing_query`'s query. Pure."""
     equalities = (s.SUBSCRIPTION,) if status is None else (s.SUBSCRIPTION, s.STATUS)
@@ -160,7 +146,7 @@ def list_query_shape(
         equalities=equalities + ((s.REASON,) if reason else ()),
         disjunction=s.SHARD,
         range_field=s.UPDATED_AT if older_than else None,
-        order=IndexField(s.UPDATED_AT, descending=not oldest_first),
+        order=_NEWEST_FIRST,
     )
 
 
@@ -261,28 +247,17 @@ def still_indexed(overrides: Iterable[Any]) -> list[str]:
 
 
 def index_hints(collection: str, indexes: Iterable[Any]) -> list[str]:
-    """What ``jobs list``'s indexes lack, or keep from before the shard, with the command each.
+    """What ``jobs list``'s indexes lack, with the command that creates each.
 
     ``indexes`` are the Admin API's ``Index`` messages of the collection
     group. Empty when the indexes are as :data:`LIST_INDEXES` wants them.
     """
     indexes = list(indexes)
-    hints = [
+    return [
         f"`jobs list` lacks a composite index; create it: {index_command(collection, index)}"
         for index in LIST_INDEXES
         if not has_index(indexes, index)
     ]
-    for old in UNSHARDED_INDEXES:
-        for index in indexes:
-            if has_index([index], old):
-                index_id = str(index.name).rsplit("/", 1)[-1]
-                hints.append(
-                    f"the unsharded listing index ({', '.join(f.path for f in old)}) of an "
-                    "earlier release still exists: every job write lands at its one end (500 "
-                    "writes per second per subscription) and nothing queries it; delete it: "
-                    f"gcloud firestore indexes composite delete {index_id}"
-                )
-    return hints
 
 
 def dashboard_index_hints(collection: str, indexes: Iterable[Any]) -> list[str]:

@@ -1,16 +1,16 @@
-"""The query every listing of jobs sends, and what the dashboard counts with it.
+"""The query every listing of jobs sends.
 
 One Firestore query per listing (``jobs list``, the dashboard's pages)::
 
     where subscription == S [and status == X] [and reason == R]
           and shard in [0 .. SHARDS - 1] [and updated_at < now - AGE]
-    order by updated_at desc, __name__ desc        (asc: oldest first)
+    order by updated_at desc, __name__ desc
 
 Real Firestore answers it only from a composite index
 (:func:`~pubsub_worker._ops.job_layout.list_query_shape` names it). Paged by
 :func:`pubsub_worker._ops.jobs.list_jobs`; counted by
-:mod:`pubsub_worker._ops.job_counts`, which sends the same query as a
-``count()`` aggregation, answered from the same index.
+:class:`~pubsub_worker._ops.job_index.FirestoreJobIndex`, which sends the
+same filters as a ``count()`` aggregation, answered from the same index.
 """
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ def listing_query(
     reason: str | None = None,
     older_than_s: float | None = None,
     now: datetime | None = None,
-    oldest_first: bool = False,
 ) -> Any:
     """The query of a listing, without its limit and cursor.
 
     ``status`` and ``reason`` (a failed job's, with ``status`` failed) are
     equalities, ``older_than_s`` keeps jobs last written at least that long
-    before ``now``. Newest first, or ``oldest_first``. Each shape has its
+    before ``now``. Newest first. Each shape has its
     composite index: :func:`~pubsub_worker._ops.job_layout.list_query_shape`.
     """
     query = client.collection(collection).where(
@@ -56,7 +55,6 @@ def listing_query(
     if older_than_s is not None:
         cutoff = (now or now_utc()) - timedelta(seconds=older_than_s)
         query = query.where(filter=FieldFilter(s.UPDATED_AT, "<", cutoff))
-    direction = "ASCENDING" if oldest_first else "DESCENDING"
-    return query.order_by(s.UPDATED_AT, direction=direction).order_by(
-        "__name__", direction=direction
+    return query.order_by(s.UPDATED_AT, direction="DESCENDING").order_by(
+        "__name__", direction="DESCENDING"
     )

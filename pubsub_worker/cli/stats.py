@@ -10,6 +10,7 @@ What it reads, and what that costs, is :mod:`pubsub_worker._ops.stats`
     failed        3
     total       125
     oldest running: o-1004, last written 754 s ago (lease lapsed 604 s ago; owner h/12/ab)
+    stuck: 1 running job(s) with no write for over a lease (150 s)
     pending reviews: 1 (failure message not published yet), of the 3 failed job(s)
 
 On a terminal the counts are a table with each status in its colour;
@@ -48,7 +49,10 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     """``jobs stats``: the counts as a table (or JSON), then the oldest running job and reviews."""
     settings = environment.settings_from(args)
     store = environment.job_store(settings)
-    stats = job_stats(FirestoreJobIndex(store.client, store.collection, settings.subscription_path))
+    stats = job_stats(
+        FirestoreJobIndex(store.client, store.collection, settings.subscription_path),
+        stuck_after_s=float(settings.lease_seconds),
+    )
     if args.output == "json":
         out.document(stats.to_json())
         return ExitCode.OK
@@ -60,7 +64,7 @@ def cmd_stats(args: argparse.Namespace, out: Output) -> int:
 
 
 def render_lines(stats: JobStats) -> list[str]:
-    """The lines under the counts: the oldest running job, the pending reviews."""
+    """The lines under the counts: the oldest running job, the stuck, the pending reviews."""
     oldest = stats.oldest_running
     if oldest is None:
         first = "oldest running: none"
@@ -81,4 +85,10 @@ def render_lines(stats: JobStats) -> list[str]:
         f"pending reviews: {stats.reviews_pending} (failure message not published yet), "
         f"of the {failed} failed job(s){read}"
     )
-    return [first, second]
+    if stats.stuck is None:
+        return [first, second]
+    stuck = (
+        f"stuck: {stats.stuck} running job(s) with no write for over a lease "
+        f"({stats.stuck_after_s:g} s)"
+    )
+    return [first, stuck, second]

@@ -31,10 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pubsub_worker._ops.job_counts import FAILURE_REASONS, count_jobs
+from pubsub_worker._ops.job_counts import FAILURE_REASONS
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker._support.logs import job_logger, printable
-from pubsub_worker.stores.base import Status
 
 from .jobs import MAX_BULK, Subscription
 from .pages import Dashboard, guarded, is_doc_id
@@ -77,13 +76,7 @@ def replay_preview(d: Dashboard, request: Request) -> Response:
     jobs = _jobs_of(d, sub, reason, doc)
     total = len(jobs)
     if doc is None:
-        total = count_jobs(
-            d.jobs.client,
-            d.jobs.collection,
-            sub.path,
-            status=Status.FAILED,
-            reason=None if reason == "all" else reason,
-        )
+        total = d.jobs.count_failed(sub, None if reason == "all" else reason)
     results = d.jobs.replay(sub, jobs, dry_run=True)
     ready = [r for r in results if r.kind is ReplayOutcome.DRY_RUN]
     skipped = Counter(r.reason or "" for r in results if r.kind is not ReplayOutcome.DRY_RUN)

@@ -6,9 +6,12 @@ module goes through :mod:`pubsub_worker._ops` only: the listing is
 as ``jobs list``), a job is :func:`~pubsub_worker._ops.jobs.show`'s view of its
 document, a release is :func:`~pubsub_worker._ops.jobs.release` and a replay
 :func:`~pubsub_worker._ops.replay.replay`, both fenced exactly as on the
-command line. The numbers of the overview are ``count()`` aggregations of the
-listing's query (:mod:`pubsub_worker._ops.job_counts`), sent together. A
-signature change there is a change here, in one place.
+command line. The numbers of the overview are ``jobs stats``'s
+(:func:`~pubsub_worker._ops.stats.job_stats`, its counts sent together), those
+of the review queue a count per failure reason
+(:func:`~pubsub_worker._ops.job_counts.reason_counts`): ``count()``
+aggregations on the listing index. A signature change there is a change
+here, in one place.
 
 A key prefix has no index (``key`` is exempt from indexing: keys are often
 sequential, and an index on them would take every new job at one end). It
@@ -19,7 +22,6 @@ matches than a page, hands back the cursor where it stopped.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +30,9 @@ from typing import Any
 
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.lease import now_utc
-from pubsub_worker._ops import job_counts, replay_route
+from pubsub_worker._ops import job_counts, replay_route, stats
 from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops.job_index import FirestoreJobIndex
 from pubsub_worker._ops.jobs_view import JobView
 from pubsub_worker._ops.replay import FailedJob, ReplayResult, replay, why_not_replayable
 from pubsub_worker._support import clients
@@ -104,63 +107,38 @@ class Jobs:
 
     # -- reads ------------------------------------------------------------------------
 
+    def index(self, sub: Subscription) -> FirestoreJobIndex:
+        """The listing index of ``sub``'s jobs, as ``jobs stats`` reads it."""
+        return FirestoreJobIndex(self.client, self.collection, sub.path)
+
     def counts(self, sub: Subscription) -> Counts:
-        """Counts by status, the stuck ones and the oldest running job: sent at once."""
-        path, lease = sub.path, float(sub.settings.lease_seconds)
-        count = functools.partial(job_counts.count_jobs, self.client, self.collection, path)
-        got, missing = self._gather(
-            {
-                **{st.value: functools.partial(count, status=st) for st in Status},
-                "stuck": functools.partial(count, status=Status.RUNNING, older_than_s=lease),
-                "oldest": functools.partial(
-                    job_counts.oldest, self.client, self.collection, path, Status.RUNNING
-                ),
-            }
-        )
-        return Counts(
-            by_status={st: int(got[st.value] or 0) for st in Status},
-            stuck=int(got["stuck"] or 0),
-            oldest_running=got["oldest"],
-            missing=missing,
-        )
+        """``jobs stats`` of ``sub`` (counts sent at once), the stuck counted after a lease."""
+        try:
+            found = stats.job_stats(
+                self.index(sub),
+                stuck_after_s=float(sub.settings.lease_seconds),
+                executor=self._pool,
+            )
+        except job_ops.IndexMissing as exc:
+            return Counts.unknown(exc.command)
+        return Counts.of(found)
 
     def review(self, sub: Subscription) -> Review:
         """Failed jobs by reason (one ``count()`` each) and the newest failed ones: at once."""
-        count = functools.partial(
-            job_counts.count_jobs, self.client, self.collection, sub.path, status=Status.FAILED
-        )
-        tasks: dict[str, Callable[[], Any]] = {
-            "total": count,
-            "newest": functools.partial(self.latest, sub, Status.FAILED, SAMPLED),
-            **{r: functools.partial(count, reason=r) for r in job_counts.FAILURE_REASONS},
-        }
-        got, missing = self._gather(tasks)
-        by_reason = {r: int(got[r] or 0) for r in job_counts.FAILURE_REASONS}
+        newest = self._pool.submit(self.latest, sub, Status.FAILED, SAMPLED)
+        missing: tuple[str, ...] = ()
+        try:
+            reasons = job_counts.reason_counts(self.index(sub), self._pool)
+        except job_ops.IndexMissing as exc:
+            reasons, missing = job_counts.ReasonCounts.of(0, {}), (exc.command,)
         samples: dict[str, list[JobView]] = {}
-        for view in got["newest"].jobs if got["newest"] is not None else []:
+        for view in newest.result().jobs:
             samples.setdefault(view.reason or "error", []).append(view)
-        return Review(
-            reasons=job_counts.ReasonCounts.of(int(got["total"] or 0), by_reason),
-            samples=samples,
-            missing=missing,
-        )
+        return Review(reasons=reasons, samples=samples, missing=missing)
 
-    def _gather(
-        self, tasks: dict[str, Callable[[], Any]]
-    ) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """Run ``tasks`` at once; a task refused for want of an index answers None."""
-        missing: list[str] = []
-
-        def guarded(read: Callable[[], Any]) -> Any:
-            try:
-                return read()
-            except job_ops.IndexMissing as exc:
-                missing.append(exc.command)
-                return None
-
-        futures = {name: self._pool.submit(guarded, read) for name, read in tasks.items()}
-        got = {name: future.result() for name, future in futures.items()}
-        return got, tuple(dict.fromkeys(missing))
+    def count_failed(self, sub: Subscription, reason: str | None) -> int:
+        """Failed jobs of ``sub`` (of ``reason``): what a bulk replay's preview says it holds."""
+        return self.index(sub).count(Status.FAILED, reason=reason)
 
     def latest(
         self, sub: Subscription, status: Status, limit: int, reason: str | None = None

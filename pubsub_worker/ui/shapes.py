@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pubsub_worker._ops import job_counts
 from pubsub_worker._ops.jobs_view import JobView
+from pubsub_worker._ops.stats import JobStats
 from pubsub_worker.settings import Settings
 from pubsub_worker.stores.base import JobRecord, Status
 
@@ -34,14 +35,30 @@ class Subscription:
 
 @dataclass(frozen=True)
 class Counts:
-    """A subscription's numbers, each one ``count()`` (0 when its index is ``missing``)."""
+    """A subscription's numbers: ``jobs stats`` (all 0 when its index is ``missing``)."""
 
     by_status: dict[Status, int]
     stuck: int
     """Running jobs whose last write is older than a lease: their owner stopped writing."""
     oldest_running: JobView | None
+    reviews_pending: int = 0
+    """Of the newest failed jobs read, those whose failure message is not published yet."""
     missing: tuple[str, ...] = ()
     """Commands that create the composite indexes real Firestore asked for."""
+
+    @classmethod
+    def of(cls, stats: JobStats) -> Counts:
+        return cls(
+            by_status=stats.counts,
+            stuck=stats.stuck or 0,
+            oldest_running=stats.oldest_running,
+            reviews_pending=stats.reviews_pending,
+        )
+
+    @classmethod
+    def unknown(cls, missing: str) -> Counts:
+        """Nothing counted: real Firestore lacks the index ``missing`` creates."""
+        return cls(dict.fromkeys(Status, 0), 0, None, missing=(missing,))
 
     @property
     def total(self) -> int:

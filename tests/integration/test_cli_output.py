@@ -182,7 +182,11 @@ def test_jobs_stats_counts_by_status_names_the_oldest_running_job_and_pending_re
         r"owner host/4242/cafe\)",
         lines[6],
     ), lines[6]
-    assert lines[7] == (
+    # Stuck: no write for over a lease (the 20-minute-old one, not the 3-second-old one).
+    assert re.fullmatch(
+        r"stuck: 1 running job\(s\) with no write for over a lease \(\d+ s\)", lines[7]
+    ), lines[7]
+    assert lines[8] == (
         "pending reviews: 1 (failure message not published yet), of the 2 failed job(s)"
     )
     assert ESCAPE not in done.stdout
@@ -193,6 +197,7 @@ def test_jobs_stats_counts_by_status_names_the_oldest_running_job_and_pending_re
     assert (document["total"], document["reviews_pending"], document["reviews_read"]) == (7, 1, 2)
     assert document["oldest_running"]["key"] == "stuck"
     assert document["subscription"] == sub
+    assert document["stuck"] == 1
 
 
 def test_output_json_is_one_document_for_every_operator_command(
