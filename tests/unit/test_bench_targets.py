@@ -1,0 +1,63 @@
+"""The report's cost targets: each judged on its own scenarios, against its own limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.targets import BEST_FLOOR, evaluate
+
+
+def _row(baseline: str, cpu: float, ratio: float | None = None, **more: Any) -> dict[str, Any]:
+    return {
+        "baseline": baseline,
+        "cpu_ms_per_msg": {"consumer": cpu},
+        "cpu_ratio_vs_baseline": ratio,
+        "ratio_vs_baseline": {"median": 1.0, "min": 1.0, "max": 1.0},
+        "lone_slot_ms": more.get("lone_slot_ms"),
+        "lone_rpc_ms": more.get("lone_rpc_ms"),
+        "firestore_rpcs_per_msg": None,
+        "firestore_writes_per_msg": None,
+        "rss_per_1000_mb": None,
+    }
+
+
+def _report(firestore_ratio: float, memory_ratio: float, own_ms: float) -> dict[str, Any]:
+    summary = {
+        "stock-eod": _row("stock-eod", 0.3, lone_slot_ms=2.0),
+        "stock-eod-default": _row("stock-eod-default", 0.3),
+        "wrapped-1": _row(
+            "stock-eod",
+            0.3 * firestore_ratio,
+            firestore_ratio,
+            lone_slot_ms=2.0 + 2.6 + own_ms,
+            lone_rpc_ms=2.6,
+        ),
+        "wrapped-1-default": _row("stock-eod-default", 0.6, 2.0),
+        "wrapped-1-memory": _row("stock-eod", 0.3 * memory_ratio, memory_ratio),
+        "wrapped-1-memory-default": _row("stock-eod-default", 0.33, 1.1),
+    }
+    return {"summary": summary, "runs": []}
+
+
+def _met(report: dict[str, Any], starts: str) -> bool | None:
+    (target,) = [t for t in evaluate(report) if t["target"].startswith(starts)]
+    met: bool | None = target["met"]
+    return met
+
+
+def test_cpu_on_firestore_is_judged_at_3x_and_on_memory_at_1_3x() -> None:
+    assert _met(_report(2.9, 1.2, 0.5), "Consumer CPU per message on Firestore") is True
+    assert _met(_report(3.1, 1.2, 0.5), "Consumer CPU per message on Firestore") is False
+    assert _met(_report(2.9, 1.2, 0.5), "Consumer CPU per message on the in-memory") is True
+    assert _met(_report(2.9, 1.4, 0.5), "Consumer CPU per message on the in-memory") is False
+
+
+def test_a_lone_message_s_own_time_is_judged_on_one_step() -> None:
+    assert _met(_report(2.0, 1.0, 0.9), "A lone message's added latency") is True
+    assert _met(_report(2.0, 1.0, 1.1), "A lone message's added latency") is False
+
+
+def test_the_best_flow_control_floor_is_the_issue_s() -> None:
+    assert BEST_FLOOR == 0.6
+    (best,) = [t for t in evaluate(_report(2.0, 1.0, 0.5)) if "best flow control" in t["target"]]
+    assert ">= 60% of the stock client's best" in best["target"]
