@@ -259,8 +259,6 @@ def release(
         (s.LEASE_EXPIRES_AT,): None,
         (s.UPDATED_AT,): now,
     }
-    if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
-        changes[(s.SHARD,)] = s.shard_of(doc_id)
     try:
         store.update(doc_id, changes, expected=snapshot.version)
     except VersionConflict:
