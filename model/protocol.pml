@@ -4,9 +4,9 @@
  * One job (one key); its original message and the copy `jobs replay`
  * publishes; two worker processes, the first with two callback threads (so a
  * message can be delivered to it again while its first delivery runs); the
- * job document; Pub/Sub with exactly-once delivery; the operator's `jobs
- * show`, `jobs release --expect-epoch`, `jobs replay` and a writer that moves
- * the version without changing the owner (`jobs backfill-shards`).
+ * job document; Pub/Sub with exactly-once delivery; the operator's `jobs show`, `jobs release
+ * --expect-epoch`, `jobs replay`, and a foreign write that moves the version and changes no
+ * owner (an edit by hand in the Firestore console, an admin script).
  * docs/protocol.md maps every action to the function that implements it,
  * says what is abstracted and why, and states each property.
  * `python model/check.py` checks them, and that every branch of the model is
@@ -169,7 +169,7 @@ byte nf;                        /* faults so far */
 byte phase;                     /* the operator's: 0 nothing yet; 1 shown; 2 released (or refused) */
 bit  op_epc;                    /* the epoch `jobs show` showed is still the document's */
 bit  op_claimed;                /* ghost: a claim landed since that `jobs show` (while shown) */
-bit  bf;                        /* the backfill wrote the job */
+bit  fw;                        /* a foreign write changed the job, not its owner */
 byte ncomplete;                 /* ghost: completions landed */
 bit  pubs;                      /* ghost: S1's entry was published (at least once) */
 bit  final_since[NMSG];         /* ghost: completed or failed since message m was published */
@@ -427,7 +427,7 @@ inline review_out(t) {
  * (`held`: the failed record's, for its owner; the one read, for a delivery that found the
  * review pending). Refused, it reads the job again and marks it on the version read if it
  * still holds this failure (failed in the same era, review pending): a writer that moved the
- * version and left the failure as it was (a backfill) does not leave it pending for good. */
+ * version and left the failure as it was (a foreign write) does not leave it pending for good. */
 inline mark(t, held) {
     if
     :: (held) -> rvp = 0; lastw = OLD; moved(); printf("@ t%d: marks the review sent\n", t)
@@ -983,9 +983,9 @@ done:
 /* ---------------------------------------------------------- the operator */
 
 /* `jobs show`, then `jobs release --expect-epoch` with the epoch shown; `jobs replay` of a
- * failed job: reset (new epoch, attempts 0), then publish; and one write that moves the
- * version without changing the owner (`jobs backfill-shards` of a job written before the
- * shard field existed). */
+ * failed job: reset (new epoch, attempts 0), then publish; and one foreign write that moves
+ * the version without changing the owner: no function of the library, any write that
+ * changes no owner (an edit by hand in the Firestore console, an admin script). */
 proctype Operator() {
 end_operator:
     do
@@ -1028,9 +1028,9 @@ end_operator:
         reviewed = 0
        }
     :: atomic {
-        FAULT && !bf && st != ABSENT ->
-        printf("@ operator: jobs backfill-shards writes the job\n");
-        bf = 1;
+        FAULT && !fw && st != ABSENT ->
+        printf("@ operator: a foreign write changes the job, not its owner\n");
+        fw = 1;
         nf++;
         lastw = OLD;
         moved()

@@ -254,10 +254,10 @@ class FailurePath:
         """Step 5: ``review: sent`` on the failed record's version (the ``review-mark`` fence).
 
         Refused, it is read again: still this failure (failed at ``epoch``, pending:
-        a writer such as a shard backfill left it so), it is marked on the version
-        read; marked by another, or replayed (a new epoch): nothing to do. A store
-        error is logged: the message went out and is acked (published again only
-        by a delivery that finds it pending, if the ack is lost).
+        a write that changes no owner, such as an edit by hand, left it so), it is
+        marked on the version read; marked by another, or replayed (a new epoch):
+        nothing to do. A store error is logged: the message went out and is acked
+        (published again only by a delivery that finds it pending, if the ack is lost).
         """
         if version is None:
             return

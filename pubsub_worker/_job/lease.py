@@ -6,8 +6,8 @@ is live while ``update_time + lease_seconds`` is ahead of the reader's read
 time (:func:`lease_left_s`). Both times come from the server, so a worker
 whose wall clock is off by a minute decides exactly as one whose clock is
 right. ``lease_expires_at`` is still written, from the writer's clock
-(:func:`lease_fields`), for humans and for documents written before
-``lease_seconds`` existed.
+(:func:`lease_fields`): for humans, and for a store without a clock, whose
+snapshots carry no server times, so leases are judged on the wall clock.
 
 Who renews it: the claim; each step commit and the completion
 (:mod:`pubsub_worker._job.fencing`); a step recorded lazily when a third of a
@@ -46,14 +46,16 @@ def lease_left_s(
 ) -> float:
     """Seconds the current claim's lease still runs (zero or less: expired). Pure.
 
-    With the snapshot's server times and a stored ``lease_s`` this is
-    ``update_time + lease_s - read_time``: the owner's last write renewed the
-    lease, and ``now`` (this process's wall clock) plays no part. Without
-    them (a store without a clock, a document written before
-    ``lease_seconds``) it falls back to ``lease_expires_at - now``, which
-    trusts that the writer's clock and ours agree. No lease at all: expired.
+    With the snapshot's server times this is ``update_time + lease_s -
+    read_time``: the owner's last write renewed the lease, and ``now`` (this
+    process's wall clock) plays no part. A store without a clock leaves those
+    times ``None`` (:class:`~pubsub_worker.stores.base.Snapshot`); the lease
+    is then ``lease_expires_at - now``, which trusts that the writer's clock
+    and ours agree. No lease at all: expired.
     """
-    if read_time is not None and update_time is not None and record.lease_s is not None:
+    if read_time is not None and update_time is not None:
+        if record.lease_s is None:
+            return 0.0
         return (update_time - read_time).total_seconds() + record.lease_s
     if record.lease_expires_at is None:
         return 0.0

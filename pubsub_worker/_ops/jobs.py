@@ -25,8 +25,7 @@ each has one); without it production answers ``FailedPrecondition``,
 reported as :class:`IndexMissing` with the command that creates it. A page
 ends with a cursor (:class:`Page.next`): the last row's ``updated_at`` and
 document id, so paging is stable while jobs are written and costs one read
-per row shown. A document written before the shard existed is in no
-listing until :func:`backfill_shards` gives it its shard.
+per row shown.
 
 :func:`release` drops a stuck owner's claim: one conditional update on the
 version just read (``status`` released, ``epoch`` + 1, the lease cleared,
@@ -47,7 +46,6 @@ from enum import Enum
 from typing import Any
 
 from google.api_core import exceptions as gexc
-from google.cloud.firestore_v1.base_query import FieldFilter
 
 from pubsub_worker._job.failure import rejected_document_id
 from pubsub_worker._job.keys import document_id
@@ -62,12 +60,10 @@ from .jobs_view import JobView
 from .listing import listing_query
 
 __all__ = [
-    "Backfill",
     "IndexMissing",
     "Page",
     "ReleaseOutcome",
     "ReleaseResult",
-    "backfill_shards",
     "decode_cursor",
     "encode_cursor",
     "list_jobs",
@@ -150,8 +146,7 @@ def list_jobs(
     ``older_than_s`` keeps jobs whose last write (``updated_at``, the
     writer's clock) is at least that old: stuck ones, with ``status``
     running. ``reason`` keeps failed jobs of that reason (with ``status``
-    failed). ``after`` is the cursor of the previous page. A document with
-    no shard is not listed (:func:`backfill_shards`). Raises
+    failed). ``after`` is the cursor of the previous page. Raises
     :class:`IndexMissing` when real Firestore lacks the query's index and
     :class:`~pubsub_worker.errors.StoreError` when it fails otherwise.
     """
@@ -192,76 +187,6 @@ def list_jobs(
     if len(snapshots) > limit and last is not None and last.updated_at is not None:
         cursor = encode_cursor(last.updated_at, last.doc_id)
     return Page(jobs=jobs, next=cursor)
-
-
-@dataclass(frozen=True)
-class Backfill:
-    """What :func:`backfill_shards` did: documents read, shards written, documents gone."""
-
-    scanned: int
-    written: int
-    vanished: int
-    """Deleted (TTL) between the read and the write: nothing to write."""
-
-
-_BACKFILL_PAGE = 300
-_BACKFILL_ROUNDS = 5
-
-
-def backfill_shards(client: Any, store: JobStore, collection: str, subscription: str) -> Backfill:
-    """Give each document of ``subscription`` that has no shard its ``shard_of(doc_id)``.
-
-    Reads the subscription's documents by id, a page at a time (``subscription
-    ==``: its single-field index; the shard field only, one billed read per
-    document), and writes each missing shard in one conditional update on the
-    version just read (re-read on a conflict). Idempotent. Like any write it
-    renews a running job's lease once; the owner's next write re-reads, finds
-    its own epoch and goes on. Raises :class:`~pubsub_worker.errors.StoreError`
-    when Firestore fails (what was written stays: run it again).
-    """
-    query = (
-        client.collection(collection)
-        .where(filter=FieldFilter(s.SUBSCRIPTION, "==", subscription))
-        .order_by("__name__")
-        .select([s.SHARD])
-        .limit(_BACKFILL_PAGE)
-    )
-    scanned = written = vanished = 0
-    last = None
-    while True:
-        page = query if last is None else query.start_after(last)
-        try:
-            snapshots = list(page.stream())
-        except gexc.GoogleAPICallError as exc:
-            raise StoreError(f"reading the jobs of {subscription} failed: {exc}") from exc
-        for snap in snapshots:
-            scanned += 1
-            if (snap.to_dict() or {}).get(s.SHARD) is not None:
-                continue
-            if _write_shard(store, snap.id, snap.update_time):
-                written += 1
-            else:
-                vanished += 1
-        if len(snapshots) < _BACKFILL_PAGE:
-            return Backfill(scanned=scanned, written=written, vanished=vanished)
-        last = snapshots[-1]
-
-
-def _write_shard(store: JobStore, doc_id: str, version: Any) -> bool:
-    """Write the shard on ``version``; False when the document is gone. Re-read on a conflict."""
-    for _ in range(_BACKFILL_ROUNDS):
-        try:
-            store.update(doc_id, {(s.SHARD,): s.shard_of(doc_id)}, expected=version)
-        except VersionConflict:
-            snapshot = store.get(doc_id)
-            if snapshot is None:
-                return False
-            if snapshot.fields.get(s.SHARD) is not None:  # a claim or another run wrote it
-                return True
-            version = snapshot.version
-            continue
-        return True
-    raise StoreError(f"document {doc_id} kept changing: its shard was not written; run it again")
 
 
 # -- release ------------------------------------------------------------------------
@@ -334,8 +259,6 @@ def release(
         (s.LEASE_EXPIRES_AT,): None,
         (s.UPDATED_AT,): now,
     }
-    if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
-        changes[(s.SHARD,)] = s.shard_of(doc_id)
     try:
         store.update(doc_id, changes, expected=snapshot.version)
     except VersionConflict:

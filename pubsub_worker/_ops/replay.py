@@ -315,8 +315,6 @@ def _replay_one(
         (s.UPDATED_AT,): now,
         (s.REVIEW,): None,  # the replayed job's own failure, if any, is reviewed afresh
     }
-    if snapshot.fields.get(s.SHARD) is None:  # written before the shard: listed from now on
-        reset[(s.SHARD,)] = s.shard_of(job.doc_id)
     try:
         store.update(job.doc_id, reset, expected=snapshot.version)
     except VersionConflict:

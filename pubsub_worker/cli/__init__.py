@@ -14,7 +14,6 @@
     pubsub-worker jobs replay KEY... | --all-failed [--dry-run] [--fan-out | --topic T]
     pubsub-worker jobs replay-setup               the replay topic: replays reach this subscription
     pubsub-worker ui [--allow-actions]            the jobs dashboard (the ui extra)
-    pubsub-worker jobs backfill-shards            once, after upgrading: shards for old documents
     pubsub-worker --version
 
 ``config`` and every ``jobs`` command also take ``--subscription SUB`` and

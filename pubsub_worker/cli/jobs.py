@@ -1,7 +1,7 @@
 """``pubsub-worker jobs``: show, list, release, replay and count the jobs of a subscription.
 
-``jobs show``, ``jobs list``, ``jobs release`` and ``jobs backfill-shards``
-go through :mod:`pubsub_worker._ops.jobs` and are here; ``jobs replay`` is
+``jobs show``, ``jobs list`` and ``jobs release`` go through
+:mod:`pubsub_worker._ops.jobs` and are here; ``jobs replay`` is
 :mod:`pubsub_worker.cli.replay` and ``jobs stats``
 :mod:`pubsub_worker.cli.stats`. Each takes ``--subscription``, ``--project``
 and ``--output json`` (:func:`~pubsub_worker.cli.environment.add_operator_options`).
@@ -27,7 +27,6 @@ from .output import STATUS_STYLES, Column, Output
 
 __all__ = [
     "PAGE",
-    "cmd_backfill_shards",
     "cmd_list",
     "cmd_release",
     "cmd_show",
@@ -80,13 +79,6 @@ def register(commands: Any) -> None:
     release.set_defaults(func=cmd_release)
 
     replay.register(sub)
-
-    backfill = sub.add_parser(
-        "backfill-shards",
-        help="give documents written before the shard field their shard (once, after upgrading)",
-    )
-    add_operator_options(backfill)
-    backfill.set_defaults(func=cmd_backfill_shards)
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
@@ -207,21 +199,3 @@ def cmd_release(args: argparse.Namespace, out: Output) -> int:
         "claims the job at a new epoch and skips the kept steps"
     )
     return code
-
-
-def cmd_backfill_shards(args: argparse.Namespace, out: Output) -> int:
-    """``jobs backfill-shards``: give documents written before the shard field theirs (once)."""
-    settings = environment.settings_from(args)
-    store = environment.job_store(settings)
-    done = job_ops.backfill_shards(
-        store.client, store, store.collection, settings.subscription_path
-    )
-    if args.output == "json":
-        out.document({"scanned": done.scanned, "written": done.written, "vanished": done.vanished})
-        return ExitCode.OK
-    gone = f"; {done.vanished} deleted meanwhile" if done.vanished else ""
-    out.line(
-        f"{done.written} of {done.scanned} document(s) of {settings.subscription_path} "
-        f"given their shard{gone}"
-    )
-    return ExitCode.OK

@@ -301,34 +301,3 @@ def test_jobs_replay_revives_failed_jobs_without_repeating_a_step(
     code, _, err = run_cli(capsys, "jobs", "replay")
     assert code == 2
     assert "give job keys or --all-failed" in err
-
-
-def test_jobs_backfill_shards_gives_an_older_document_its_shard_once(
-    eod_subscription: SubscriptionHandle,
-    settings_for: Callable[..., pubsub_worker.Settings],
-    firestore_client: Any,
-    cli_env: Callable[[pubsub_worker.Settings], None],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from datetime import datetime, timezone
-
-    from pubsub_worker.stores import base as s
-
-    settings = settings_for(eod_subscription, key_attribute="op")
-    cli_env(settings)
-    doc_id = "ab" * 32
-    firestore_client.collection(settings.collection).document(doc_id).set(
-        {  # a job document written before the shard field existed
-            s.SUBSCRIPTION: settings.subscription_path,
-            s.KEY: "old",
-            s.STATUS: Status.COMPLETED.value,
-            s.EPOCH: 1,
-            s.UPDATED_AT: datetime.now(timezone.utc),
-        }
-    )
-    code, out, _ = run_cli(capsys, "jobs", "backfill-shards")
-    assert (code, out.split(" document(s)")[0]) == (0, "1 of 1")
-    stored = firestore_client.collection(settings.collection).document(doc_id).get().to_dict()
-    assert stored[s.SHARD] == s.shard_of(doc_id)
-    code, out, _ = run_cli(capsys, "jobs", "backfill-shards")
-    assert (code, out.split(" document(s)")[0]) == (0, "0 of 1")  # nothing left to write

@@ -1,4 +1,4 @@
-"""``jobs list`` across shards, the shard of new documents and the backfill, on the emulator.
+"""``jobs list`` across shards, the shard of new documents, and replay by key, on the emulator.
 
 The listing's ``in`` filter over the shards must give exactly what one
 unsharded range ordered by ``updated_at`` would: the same rows, in the same
@@ -21,7 +21,7 @@ from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops.replay import list_failed
 from pubsub_worker.stores import FirestoreJobStore
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import Changes, Snapshot, Status, Version
+from pubsub_worker.stores.base import Changes, Status, Version
 
 pytestmark = pytest.mark.emulator
 
@@ -59,13 +59,14 @@ def new_job(store: FirestoreJobStore, key: str, subscription: str = SUB) -> tupl
     return identity.doc_id, result.version
 
 
-def old_document(store: FirestoreJobStore, doc_id: str, subscription: str = SUB) -> None:
-    """A document as releases before the shard wrote it: every field but the shard."""
+def plain_document(store: FirestoreJobStore, doc_id: str) -> None:
+    """A completed document written directly, with the fields a listing reads."""
     store.create(
         doc_id,
         {
             s.KEY: doc_id[:8],
-            s.SUBSCRIPTION: subscription,
+            s.SUBSCRIPTION: SUB,
+            s.SHARD: s.shard_of(doc_id),
             s.STATUS: Status.COMPLETED.value,
             s.EPOCH: 1,
             s.ATTEMPTS: 1,
@@ -159,94 +160,12 @@ def test_the_listing_across_shards_is_one_range_newest_first_paged_without_loss(
     assert [doc_id for page in pages for doc_id in page] == older
 
 
-def test_documents_written_before_the_shard_are_listed_once_backfilled(
-    store: FirestoreJobStore,
-    firestore_client: Any,
-    firestore_collection: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(job_ops, "_BACKFILL_PAGE", 4)  # several pages of the backfill's read
-    sharded = [new_job(store, f"new-{i}")[0] for i in range(3)]
-    old = [f"{i:02d}" + "ab" * 31 for i in range(9)]
-    for doc_id in old:
-        old_document(store, doc_id)
-    old_document(store, "ff" * 32, subscription=OTHER_SUB)
-
-    listed = every_page(firestore_client, firestore_collection, limit=50)
-    assert sorted(doc_id for page in listed for doc_id in page) == sorted(sharded)
-
-    done = job_ops.backfill_shards(firestore_client, store, firestore_collection, SUB)
-    assert done == job_ops.Backfill(scanned=12, written=9, vanished=0)
-    documents = stored(firestore_client, firestore_collection)
-    assert {doc_id: documents[doc_id][s.SHARD] for doc_id in old} == {
-        doc_id: s.shard_of(doc_id) for doc_id in old
-    }
-    assert s.SHARD not in documents["ff" * 32]  # another subscription's: left alone
-
-    listed = every_page(firestore_client, firestore_collection, limit=5)
-    assert [doc_id for page in listed for doc_id in page] == reference(
-        firestore_client, firestore_collection
-    )
-    again = job_ops.backfill_shards(firestore_client, store, firestore_collection, SUB)
-    assert again == job_ops.Backfill(scanned=12, written=0, vanished=0)
-
-
-class Meddling:
-    """A store whose first update of each document finds someone else wrote it (or deleted it)."""
-
-    def __init__(self, store: FirestoreJobStore, client: Any, collection: str, delete: bool):
-        self._store = store
-        self._documents = client.collection(collection)
-        self._delete = delete
-        self.meddled: set[str] = set()
-
-    def get(self, doc_id: str) -> Snapshot | None:
-        return self._store.get(doc_id)
-
-    def create(self, doc_id: str, fields: Any) -> Version:
-        return self._store.create(doc_id, fields)
-
-    def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
-        if doc_id not in self.meddled:
-            self.meddled.add(doc_id)
-            if self._delete:
-                self._documents.document(doc_id).delete()  # the TTL policy, say
-            else:
-                self._documents.document(doc_id).update({s.ATTEMPTS: 2})  # a worker's write
-        return self._store.update(doc_id, changes, expected=expected)
-
-
-@pytest.mark.parametrize("delete", [False, True])
-def test_a_backfill_write_that_meets_another_write_reads_again_and_never_loses_it(
-    store: FirestoreJobStore, firestore_client: Any, firestore_collection: str, delete: bool
-) -> None:
-    old = [f"{i:02d}" + "cd" * 31 for i in range(3)]
-    for doc_id in old:
-        old_document(store, doc_id)
-    meddling = Meddling(store, firestore_client, firestore_collection, delete)
-
-    done = job_ops.backfill_shards(firestore_client, meddling, firestore_collection, SUB)
-
-    assert meddling.meddled == set(old)
-    documents = stored(firestore_client, firestore_collection)
-    if delete:
-        assert done == job_ops.Backfill(scanned=3, written=0, vanished=3)
-        assert documents == {}
-    else:
-        assert done == job_ops.Backfill(scanned=3, written=3, vanished=0)
-        for doc_id in old:  # the other write kept, the shard added
-            assert (documents[doc_id][s.ATTEMPTS], documents[doc_id][s.SHARD]) == (
-                2,
-                s.shard_of(doc_id),
-            )
-
-
 def test_replay_by_key_reads_the_documents_of_the_keys_without_a_query(
     store: FirestoreJobStore, firestore_client: Any, firestore_collection: str
 ) -> None:
     job_a, _ = new_job(store, "a")
     rejected = rejected_document_id(SUB, "m-7")  # a message rejected before it became a job
-    old_document(store, rejected)
+    plain_document(store, rejected)
     new_job(store, "b")  # not asked for
 
     found = list_failed(

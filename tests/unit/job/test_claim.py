@@ -116,15 +116,13 @@ def test_decide_with_server_times_ignores_the_wall_clocks(
     assert left_s == pytest.approx(LEASE_S - written_s_ago)
 
 
-def test_a_document_without_lease_seconds_falls_back_to_lease_expires_at() -> None:
-    stored = record(Status.RUNNING, expires_in_s=5)  # written before lease_seconds existed
+def test_with_server_times_lease_expires_at_is_never_read() -> None:
+    # The wall-clock lease is for stores without a clock only: with server times and no
+    # lease_seconds there is no lease, whatever lease_expires_at says.
+    stored = record(Status.RUNNING, expires_in_s=3600)
     assert stored.lease_s is None
-    old_write = NOW - timedelta(seconds=3600)  # by server time its lease would be long over
-    assert decide(stored, request(), NOW, read_time=NOW, update_time=old_write) is ClaimKind.BUSY
-    later = NOW + timedelta(seconds=6)
-    assert decide(stored, request(), later, read_time=NOW, update_time=old_write) is (
-        ClaimKind.CLAIMED
-    )
+    assert lease_left_s(stored, NOW, read_time=NOW, update_time=NOW) == 0.0
+    assert decide(stored, request(), NOW, read_time=NOW, update_time=NOW) is ClaimKind.CLAIMED
 
 
 def test_an_abandoned_delivery_of_this_process_is_taken_over_despite_its_lease() -> None:

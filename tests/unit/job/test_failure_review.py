@@ -183,19 +183,20 @@ def test_a_mark_refused_by_a_write_that_left_the_failure_as_it_was_is_written_ag
     world: Callable[..., World],
 ) -> None:
     """The protocol's model found it: a writer that moves the version and leaves the failure
-    as it was (a shard backfill) between the publish and its mark. Refused, the mark is read
-    again and written on the version read, not left pending for good with its message out."""
+    as it was (an edit by hand, changing no owner) between the publish and its mark. Refused,
+    the mark is read again and written on the version read, not left pending for good with its
+    message out."""
     w = world(Counting())
     publish = w.publisher.publish
 
-    def backfilling(topic: str, data: bytes, **attributes: str) -> Future[str]:
+    def editing(topic: str, data: bytes, **attributes: str) -> Future[str]:
         if topic == FAILURES:
             snap = w.store.get(DOC)
             assert snap is not None
-            w.store.update(DOC, {(s.SHARD,): s.shard_of(DOC)}, expected=snap.version)
+            w.store.update(DOC, {("note",): "looked at"}, expected=snap.version)
         return publish(topic, data, **attributes)
 
-    w.publisher.publish = backfilling  # type: ignore[method-assign]
+    w.publisher.publish = editing  # type: ignore[method-assign]
     assert w.deliver(FakeMessage(op="k")) == "ack"
     assert (w.record()[s.STATUS], w.record()[s.REVIEW]) == ("failed", "sent")
     assert len(w.reviews()) == 1

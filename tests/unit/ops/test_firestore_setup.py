@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from concurrent.futures import Future
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,9 @@ from pubsub_worker import Settings
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._ops import config_check as cc
 from pubsub_worker._ops import job_layout as jl
-from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops.firestore_check import firestore_setup
-from pubsub_worker._ops.replay import FailedJob, replay
-from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import JobRecord, Status
+from pubsub_worker.stores.base import Status
 
 ROOT = Path(__file__).resolve().parents[3]
 SUB = "projects/proj/subscriptions/sub"
@@ -308,55 +303,3 @@ def test_without_admin_access_or_on_the_emulator_the_exemptions_are_hints_that_s
     (exemptions,) = by_name(emulator, "index exemptions")
     assert exemptions.level is cc.Level.HINT
     assert exemptions.detail.startswith("does not apply to the emulator")
-
-
-# -- writes that give a document written before the shard its shard ---------------------
-
-
-def old_document(store: MemoryJobStore, doc_id: str, status: Status) -> None:
-    """A job document as releases before the shard wrote it."""
-    store.create(
-        doc_id,
-        {
-            s.KEY: "k",
-            s.SUBSCRIPTION: SUB,
-            s.STATUS: status.value,
-            s.EPOCH: 2,
-            s.ATTEMPTS: 5,
-            s.OWNER: "host/1/aa",
-            s.LEASE_SECONDS: 0.001,
-            s.DATA: b"doc",
-            s.ATTRIBUTES: "{}",
-            s.FAILED_AT: datetime(2025, 1, 1, tzinfo=timezone.utc),
-            s.UPDATED_AT: datetime(2025, 1, 1, tzinfo=timezone.utc),
-        },
-    )
-
-
-def test_a_release_or_a_replay_gives_an_old_document_its_shard() -> None:
-    store = MemoryJobStore()
-    released = document_id(SUB, "k")
-    old_document(store, released, Status.RUNNING)
-    assert s.SHARD not in store.get(released).fields  # type: ignore[union-attr]
-    assert job_ops.release(store, SUB, "k").kind is job_ops.ReleaseOutcome.RELEASED
-    assert store.get(released).fields[s.SHARD] == s.shard_of(released)  # type: ignore[union-attr]
-
-    replayed = document_id(SUB, "other")
-    old_document(store, replayed, Status.FAILED)
-    snap = store.get(replayed)
-    assert snap is not None
-    (result,) = replay(
-        store,
-        [FailedJob(replayed, JobRecord.parse(snap.fields))],
-        topic="projects/proj/topics/t",
-        publish=lambda _t, _d, _a: published(),
-        key_attribute="op",
-    )
-    assert result.outcome == "replayed"
-    assert store.get(replayed).fields[s.SHARD] == s.shard_of(replayed)  # type: ignore[union-attr]
-
-
-def published() -> Future[str]:
-    future: Future[str] = Future()
-    future.set_result("1")
-    return future
