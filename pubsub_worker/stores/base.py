@@ -15,7 +15,7 @@ Stored layout (owned here; field names are the constants below)::
                                           after the read time (both the server's clock), so
                                           every write of the owner renews it
       lease_expires_at     timestamp      the same lease on the writer's wall clock: for humans,
-                                          and for documents written before lease_seconds
+                                          and for stores whose snapshots carry no server times
       attempts             int            claims made so far (not Pub/Sub's best-effort counter)
       payload_sha256       str            same key with another payload is a conflict
       steps.{name}         map            {result: JSON text, epoch: int, at: timestamp}

@@ -25,14 +25,12 @@ def job_document(
     *,
     updated_at: datetime | None = None,
     review: str | None = None,
-    shard: bool = True,
     **more: Any,
 ) -> tuple[str, dict[str, Any]]:
     """``key``'s job document with ``status``, as a worker leaves it: its id and fields.
 
-    ``updated_at`` is the last write's time (the writer's clock: now by default);
-    ``shard=False`` writes it as a release before the shard field did. A failed
-    one carries what a replay publishes.
+    ``updated_at`` is the last write's time (the writer's clock: now by default). A
+    failed one carries what a replay publishes.
     """
     doc_id = document_id(subscription, key)
     at = updated_at or datetime.now(timezone.utc)
@@ -47,9 +45,8 @@ def job_document(
         s.LEASE_SECONDS: 600.0,
         s.FIRST_SEEN_AT: at,
         s.UPDATED_AT: at,
+        s.SHARD: s.shard_of(doc_id),
     }
-    if shard:
-        fields[s.SHARD] = s.shard_of(doc_id)
     if status is Status.FAILED:
         fields.update(
             {
