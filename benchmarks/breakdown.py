@@ -43,6 +43,7 @@ PROFILED = (
     "wrapped-1-default",
     "stock-eod-c100",
     "wrapped-1-c100",
+    "wrapped-1-memory",
 )
 """The scenarios of the profile round: the stock client and the wrapper, where the targets are."""
 

@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sample = document_id(subscription, "op-0000042")
         rows = []
         app = create_app(jobs, allow_actions=True)
-        with serving(app) as url, httpx.Client(base_url=url, timeout=600) as http:
+        with serving(app) as url, httpx.Client(base_url=url, timeout=3600) as http:
             for name, path in pages(subscription, sample).items():
                 if not args.no_warmup:
                     answer = http.get(path)
