@@ -19,7 +19,6 @@ concludes a detached delivery ends it.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pubsub_worker._delivery.lease import Ticket
 from pubsub_worker._job.claim import Claim, ClaimKind
 from pubsub_worker._job.keys import JobIdentity
 from pubsub_worker._job.steps import JobCore
-from pubsub_worker._support.logs import JobLogger, job_logger
+from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace
 from pubsub_worker.errors import LostOwnership, ProcessingTimeout
@@ -43,8 +42,6 @@ from .runtime import Runtime
 from .settle import ack_early, note_order, settle
 
 __all__ = ["DeliveryFlow", "RunHandler"]
-
-_LOGGER = logging.getLogger("pubsub_worker")
 
 RunHandler = Callable[[Message, JobCore, "DeliveryFlow"], None]
 """Runs the user's handler for a claimed job and concludes the delivery through the flow:
@@ -96,7 +93,7 @@ class DeliveryFlow:
             self.conclude(identity)
             return
         self._identity = identity
-        self._log = job_logger(_LOGGER, identity.key, message.message_id)
+        self._log.name_job(identity.key)  # the delivery's one logger, with the engine's
         self._ticket.key = identity.key
         refused = wait_for_order(rt, message, self._published, self._arrival) or enter_gate(
             rt, identity.doc_id, self._delivery
@@ -110,6 +107,11 @@ class DeliveryFlow:
         job = self._start(identity, claimed) if claimed is not None else None
         if job is not None:
             self._run_handler(message, job, self)
+
+    @property
+    def log(self) -> JobLogger:
+        """The delivery's logger: its job's key and message id on every record."""
+        return self._log
 
     @property
     def detached(self) -> bool:
