@@ -183,7 +183,7 @@ class DeliveryFlow:
         thread, never the completer's threads that other completions wait for.
         """
         job = self._job
-        if job is not None and job.unsent_count:
+        if (job is not None and job.unsent_count) or not self._rt.completer.taking:
             self.conclude(happened)
             return
         if not self.detach():
