@@ -79,7 +79,7 @@ class DeliveryFlow:
         self._identity: JobIdentity | None = None
         self._job: JobCore | None = None
         self._started = time.monotonic()
-        self.trace = DeliveryTrace(message, rt.settings.subscription_path)
+        self.trace = DeliveryTrace(message, rt.subscription)
         self._published = message.publish_time.timestamp()
         self._arrival = rt.ordering.arrival() if rt.ordering is not None else 0
         self.decision: Decision | None = None
@@ -318,7 +318,7 @@ class DeliveryFlow:
             decision,
             trace=self.trace,
             metrics=rt.metrics,
-            subscription=rt.settings.subscription_path,
+            subscription=rt.subscription,
             started=self._started,
         )
         return decision
