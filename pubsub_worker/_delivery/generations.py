@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from pubsub_worker._support import fences
+from pubsub_worker._support.flag import Flag
 
 __all__ = ["Delivery", "DeliveryTracker", "GateAnswer", "KeyGate", "OrderingKeys"]
 
@@ -44,7 +45,7 @@ class Delivery:
     digest: str
     deadline: float = math.inf
     """``time.monotonic()`` when its processing cap passes (receipt + cap)."""
-    lost: threading.Event = field(default_factory=threading.Event)
+    lost: Flag = field(default_factory=Flag)
     """Set when this delivery no longer owns the message (see :attr:`lost_why`)."""
     lost_why: str = ""
     """Why: Pub/Sub refused the ack id, or the lease was given up for lack of progress."""

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
+from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
 
@@ -78,10 +79,10 @@ class Leased(Protocol):
 
 
 class TrackedJob(Protocol):
-    """The part of a job the keeper reads (and the event it may set)."""
+    """The part of a job the keeper reads (and the flag it may set)."""
 
     last_progress: float
-    abandoned: threading.Event
+    abandoned: Flag
     held: bool
 
     @property

@@ -16,6 +16,7 @@ import threading
 import time
 
 from pubsub_worker._delivery.generations import Delivery
+from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker.errors import LostOwnership, ProcessingTimeout, ShuttingDown
 from pubsub_worker.stores.base import JobRecord, Version
@@ -64,7 +65,7 @@ class JobOwnership:
         self.stop_error: LostOwnership | None = None
         """The stop signal this job raised to its handler, if any: it decides the outcome."""
         self.last_progress = time.monotonic()
-        self.abandoned = threading.Event()
+        self.abandoned = Flag()
         """Set by the lease keeper when the job ran past ``MAX_PROCESSING_SECONDS``."""
         self.held = False
         """The callback returned without ``ack()`` or ``nack()``: the message is in the user's

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from pubsub_worker.settings import Settings
 
-from .metrics import Counter, Metrics
+from .metrics import Metrics
 
 __all__ = ["EMULATOR_HINT", "IDLE_INTERVAL_S", "Activity", "IdleReporter", "report_idle"]
 
@@ -167,7 +167,7 @@ def report_idle(
     subscription = settings.subscription_path
 
     def activity() -> Activity:
-        return Activity(subscription, in_flight(), metrics.last_at(Counter.RECEIVED))
+        return Activity(subscription, in_flight(), metrics.last_received_at())
 
     emulated = pull and settings.pubsub_emulator_host
     hint = EMULATOR_HINT.format(subscription=subscription) if emulated else ""

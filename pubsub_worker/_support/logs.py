@@ -132,6 +132,10 @@ class JobLogger(_Adapter):
     message and arguments are formatted as ``logging`` always does.
     """
 
+    def name_job(self, key: str) -> None:
+        """The job's key is known now: this logger's later records carry it."""
+        self.extra = {**(self.extra or {}), "job_key": key}
+
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
         """Merge the job's fields into the record's ``extra`` (a call's own ``extra`` wins)."""
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}

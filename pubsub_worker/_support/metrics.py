@@ -152,9 +152,9 @@ class Metrics:
     """Thread-safe counters plus gauges read from callbacks."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _counts and _last_at
+        self._lock = threading.Lock()  # guards _counts and _received_at
         self._counts: dict[Counter, int] = dict.fromkeys(Counter, 0)
-        self._last_at: dict[Counter, float] = {}
+        self._received_at: float | None = None
         self._gauges: dict[str, Callable[[], float]] = {}
         self._descriptions: dict[str, str] = {}
         self._histograms: dict[Histogram, HistogramSnapshot] = {
@@ -189,11 +189,15 @@ class Metrics:
         return self._meter is not None and _provider_set()
 
     def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
-        """Add ``amount`` to ``counter``."""
-        now = time.time()
-        with self._lock:
-            self._counts[counter] += amount
-            self._last_at[counter] = now
+        """Add ``amount`` to ``counter`` (the time too, for RECEIVED: :meth:`last_received_at`)."""
+        if counter is Counter.RECEIVED:
+            now = time.time()
+            with self._lock:
+                self._counts[counter] += amount
+                self._received_at = now
+        else:
+            with self._lock:
+                self._counts[counter] += amount
         if self._meter is not None and _provider_set():
             self._otel[counter].add(amount, attributes)
 
@@ -237,10 +241,10 @@ class Metrics:
         with self._lock:
             return self._counts[counter]
 
-    def last_at(self, counter: Counter) -> float | None:
-        """When ``counter`` last grew (seconds since the epoch), or None: never."""
+    def last_received_at(self) -> float | None:
+        """When RECEIVED last grew (seconds since the epoch), or None: never."""
         with self._lock:
-            return self._last_at.get(counter)
+            return self._received_at
 
     def snapshot(self) -> dict[str, float]:
         """Every counter and gauge by name."""

@@ -30,7 +30,7 @@ costs a function call and records nothing: no span object is made.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from .text import display
@@ -47,6 +47,8 @@ else:
 
 SYSTEM = "gcp_pubsub"
 _KEY_SHOWN_BYTES = 128
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
+"""A step's context when nothing is recorded: shared, it holds no state."""
 
 
 def _provider_set() -> bool:
@@ -119,12 +121,14 @@ class DeliveryTrace:
         if context is not None and context != self._span.get_span_context():
             self._span.add_link(context, {"pubsub_worker.link": "first delivery of the job"})
 
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """A child span around one step's function and record."""
+    def step(self, name: str) -> AbstractContextManager[None]:
+        """A child span around one step's function and record (nothing if none is recorded)."""
         if not self.recording:
-            yield
-            return
+            return _NO_SPAN
+        return self._step_span(name)
+
+    @contextmanager
+    def _step_span(self, name: str) -> Iterator[None]:
         parent = _trace.set_span_in_context(self._span)
         with _tracer.start_as_current_span(
             f"step {name}", context=parent, attributes={"pubsub_worker.step": name}

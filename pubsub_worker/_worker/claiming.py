@@ -79,7 +79,7 @@ def identify(rt: Runtime, message: Message) -> JobIdentity | Happened:
         return Happened(Phase.RECEIPT, error=error)
     try:
         return derive_identity(
-            subscription=settings.subscription_path,
+            subscription=rt.subscription,
             message_id=message.message_id,
             attributes=message.attributes,
             data=message.data,

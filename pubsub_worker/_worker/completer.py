@@ -45,6 +45,11 @@ class Completer:
             max_workers=self._threads, thread_name_prefix="pubsub-worker-complete"
         )
 
+    @property
+    def taking(self) -> bool:
+        """Whether :meth:`submit` takes conclusions (read unlocked: it may refuse one still)."""
+        return not self._closed
+
     def submit(self, conclusion: Callable[[], None]) -> bool:
         """Run ``conclusion`` on the pool; False (nothing done) once closed: run it yourself.
 

@@ -19,7 +19,6 @@ concludes a detached delivery ends it.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pubsub_worker._delivery.lease import Ticket
 from pubsub_worker._job.claim import Claim, ClaimKind
 from pubsub_worker._job.keys import JobIdentity
 from pubsub_worker._job.steps import JobCore
-from pubsub_worker._support.logs import JobLogger, job_logger
+from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace
 from pubsub_worker.errors import LostOwnership, ProcessingTimeout
@@ -40,11 +39,9 @@ from . import report
 from .claiming import claim_job, claim_request, enter_gate, identify, wait_for_order
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
-from .settle import ack_early, note_order, settle
+from .settle import SettledAnswer, ack_early, note_order, settle
 
 __all__ = ["DeliveryFlow", "RunHandler"]
-
-_LOGGER = logging.getLogger("pubsub_worker")
 
 RunHandler = Callable[[Message, JobCore, "DeliveryFlow"], None]
 """Runs the user's handler for a claimed job and concludes the delivery through the flow:
@@ -78,16 +75,15 @@ class DeliveryFlow:
         self._message = message
         self._delivery = delivery
         self._ticket = ticket
-        self._log = log
+        self.log = log
         self._identity: JobIdentity | None = None
         self._job: JobCore | None = None
         self._started = time.monotonic()
-        self.trace = DeliveryTrace(message, rt.settings.subscription_path)
+        self.trace = DeliveryTrace(message, rt.subscription)
         self._published = message.publish_time.timestamp()
         self._arrival = rt.ordering.arrival() if rt.ordering is not None else 0
         self.decision: Decision | None = None
-        self.settled: concurrent.futures.Future[Settled] = concurrent.futures.Future()
-        """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
+        self._answer = SettledAnswer()
 
     def run(self, seen: bool) -> None:
         rt, message = self._rt, self._message
@@ -96,7 +92,7 @@ class DeliveryFlow:
             self.conclude(identity)
             return
         self._identity = identity
-        self._log = job_logger(_LOGGER, identity.key, message.message_id)
+        self.log.name_job(identity.key)  # the delivery's one logger, with the engine's
         self._ticket.key = identity.key
         refused = wait_for_order(rt, message, self._published, self._arrival) or enter_gate(
             rt, identity.doc_id, self._delivery
@@ -110,6 +106,11 @@ class DeliveryFlow:
         job = self._start(identity, claimed) if claimed is not None else None
         if job is not None:
             self._run_handler(message, job, self)
+
+    @property
+    def settled(self) -> concurrent.futures.Future[Settled]:
+        """Resolves once the delivery is settled on Pub/Sub (an ack: once it is answered)."""
+        return self._answer.future()
 
     @property
     def detached(self) -> bool:
@@ -182,7 +183,7 @@ class DeliveryFlow:
         thread, never the completer's threads that other completions wait for.
         """
         job = self._job
-        if job is not None and job.unsent_count:
+        if (job is not None and job.unsent_count) or not self._rt.completer.taking:
             self.conclude(happened)
             return
         if not self.detach():
@@ -196,12 +197,12 @@ class DeliveryFlow:
         """Conclude off the callback thread, where nobody else would see an error."""
         try:
             self.conclude(happened)
-        except Exception as exc:  # noqa: BLE001 - as on a callback thread: a failed attempt
-            self._log.exception("unexpected error concluding the delivery")
+        except Exception as exc:  # as on a callback thread: a failed attempt
+            self.log.exception("unexpected error concluding the delivery")
             try:
                 self.conclude(Happened(Phase.RUN, error=exc))
-            except Exception:  # noqa: BLE001 - the message comes back when its lease ends
-                self._log.exception("unexpected error concluding the delivery as failed")
+            except Exception:  # the message comes back when its lease ends
+                self.log.exception("unexpected error concluding the delivery as failed")
         finally:
             self._end()
 
@@ -233,7 +234,7 @@ class DeliveryFlow:
             record=result.record,
             version=result.version,
             context=rt.context,
-            log=self._log,
+            log=self.log,
             trace=self.trace,
         )
         self._job = job
@@ -307,7 +308,7 @@ class DeliveryFlow:
         report.count(
             decision,
             metrics=rt.metrics,
-            log=self._log,
+            log=self.log,
             job=self._job,
             renewal_lost=renewal_lost,
             error=error,
@@ -317,7 +318,7 @@ class DeliveryFlow:
             decision,
             trace=self.trace,
             metrics=rt.metrics,
-            subscription=rt.settings.subscription_path,
+            subscription=rt.subscription,
             started=self._started,
         )
         return decision
@@ -333,7 +334,7 @@ class DeliveryFlow:
             except Exception as exc:  # noqa: BLE001 - a failed write is an event like any other
                 if decision.outcome is Outcome.REVIEW and not isinstance(exc, LostOwnership):
                     rt.metrics.inc(Counter.FAILURE_PATH_ERRORS)
-                    self._log.error("failure path failed; the message comes back: %s", exc)
+                    self.log.error("failure path failed; the message comes back: %s", exc)
                 phase = decision.outcome.write
                 assert phase is not None  # only a write fails
                 current = self._may_go_on()
@@ -362,15 +363,15 @@ class DeliveryFlow:
 
         def acked(answer: str) -> None:
             rt.hooks.settled(message_id, decision.outcome.value, answer)
-            self.settled.set_result(Settled(decision, answer))
+            self._answer.set(Settled(decision, answer))
 
         note_order(
             rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
         )
-        settle(decision, self._message, metrics=rt.metrics, log=self._log, on_ack=acked)
+        settle(decision, self._message, metrics=rt.metrics, log=self.log, on_ack=acked)
         if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)
-            self.settled.set_result(Settled(decision))
+            self._answer.set(Settled(decision))
 
     def _write(self, decision: Decision) -> None:
         job, outcome = self._job, decision.outcome

@@ -24,7 +24,6 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 from pubsub_worker._job.async_job import AsyncJob, EventLoopThread, flush_queued
 from pubsub_worker._job.job import Job
 from pubsub_worker._job.steps import JobCore
-from pubsub_worker._support.logs import job_logger
 from pubsub_worker.errors import InvalidHandler, ShuttingDown
 
 from .flow import DeliveryFlow
@@ -32,8 +31,6 @@ from .legacy import DeferredMessageProxy, MessageProxy
 from .outcome import Happened, Phase
 
 __all__ = ["HandlerCall", "Wrapped", "check_handler", "is_async", "sync", "takes_job", "unwrap"]
-
-_LOGGER = logging.getLogger("pubsub_worker")
 
 _FORMS = "handler(message, job) or callback(message), sync or async def"
 
@@ -148,7 +145,7 @@ class HandlerCall:
         concludes through its message's ``ack()``/``nack()``, here or from its
         own threads later (:mod:`pubsub_worker._worker.legacy`).
         """
-        log = job_logger(_LOGGER, job.key, job.message_id)
+        log = flow.log
         proxy, call = self._prepare(message, job, flow, log)
         try:
             call()

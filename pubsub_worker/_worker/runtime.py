@@ -10,6 +10,7 @@ a :class:`~pubsub_worker.errors.ConfigError` or
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -78,6 +79,11 @@ class Runtime:
     (None for a push endpoint: Pub/Sub pushes a key's next message only after a 2xx)."""
     checked: bool = False
     """The subscription and failure topic were checked."""
+
+    @functools.cached_property
+    def subscription(self) -> str:
+        """The subscription's full path (``settings.subscription_path``), resolved once."""
+        return self.settings.subscription_path
 
 
 def build(

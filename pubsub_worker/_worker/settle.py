@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -23,9 +24,46 @@ from pubsub_worker._delivery.lease import LOST_STATUSES
 from pubsub_worker._support import fences
 from pubsub_worker._support.metrics import Counter, Metrics
 
-from .outcome import MAX_DEFER_S, MIN_DEFER_S, Decision, Outcome
+from .outcome import MAX_DEFER_S, MIN_DEFER_S, Decision, Outcome, Settled
 
-__all__ = ["AckObserver", "Settleable", "ack_early", "note_order", "ordering_key", "settle"]
+__all__ = [
+    "AckObserver",
+    "Settleable",
+    "SettledAnswer",
+    "ack_early",
+    "note_order",
+    "ordering_key",
+    "settle",
+]
+
+
+class SettledAnswer:
+    """How a delivery was settled, as a future made only once someone asks for it.
+
+    Most deliveries are never asked (only a callback's ``ack_with_response()``
+    and the push endpoint wait for it): they make no future. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _value and _future
+        self._value: Settled | None = None
+        self._future: concurrent.futures.Future[Settled] | None = None
+
+    def set(self, value: Settled) -> None:
+        """The delivery is settled; once."""
+        with self._lock:
+            self._value, future = value, self._future
+        if future is not None:
+            future.set_result(value)
+
+    def future(self) -> concurrent.futures.Future[Settled]:
+        """Resolves with the settlement (at once if it came before)."""
+        with self._lock:
+            if self._future is None:
+                self._future = concurrent.futures.Future()
+                if self._value is not None:
+                    self._future.set_result(self._value)
+            return self._future
 
 
 class Settleable(Protocol):

@@ -14,6 +14,7 @@ the same errors for those it rejects.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -122,7 +123,7 @@ def update_write(name: str, changes: Changes, expected: datetime.datetime) -> An
     for shorter, longer in itertools.pairwise(paths):
         if longer[: len(shorter)] == shorter:
             raise ValueError(f"Conflicting field path: {longer}, {shorter}")
-    masks = [FieldPath(*path).to_api_repr() for path in paths]  # validates every part
+    masks = [_mask(path) for path in paths]  # validates every part
     try:
         write = _WRITE()
         document = write.update
@@ -142,6 +143,15 @@ def update_write(name: str, changes: Changes, expected: datetime.datetime) -> An
         return write
     set_timestamp(write.current_document.update_time, expected, exact=True)
     return write
+
+
+@functools.lru_cache(maxsize=1024)
+def _mask(path: tuple[str, ...]) -> str:
+    """The field path ``path`` as an update mask names it; a job's paths repeat, so kept.
+
+    Raises ``ValueError`` for an invalid part, like the library (not kept).
+    """
+    return str(FieldPath(*path).to_api_repr())
 
 
 def framed_bytes(payload_bytes: int) -> int:

@@ -73,6 +73,8 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         super().__init__(
             client, collection, rpc_timeout_s=rpc_timeout_s, retry_deadline_s=retry_deadline_s
         )
+        # What DocumentReference._document_path gives for a plain document id, made once.
+        self._prefix = "/".join((client._database_string, "documents", *self._collection._path))
         self.batcher = WriteBatcher(
             client,
             rpc_timeout_s=rpc_timeout_s,
@@ -88,8 +90,10 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         self.batcher.close()
 
     def _name(self, doc_id: str) -> str:
-        """The full resource name of a job document."""
-        return str(self.ref(doc_id)._document_path)
+        """The full resource name of a job document (no reference made for a plain id)."""
+        if not doc_id or "/" in doc_id:  # the client's own checks and errors
+            return str(self.ref(doc_id)._document_path)
+        return f"{self._prefix}/{doc_id}"
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
         write_id = uuid.uuid4().hex

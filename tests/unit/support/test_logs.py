@@ -224,6 +224,25 @@ def test_a_call_extra_is_merged(captured: Captured) -> None:
     assert (record.job_key, record.step) == ("k", "a")  # type: ignore[attr-defined]
 
 
+def test_a_delivery_logger_carries_its_jobs_key_once_named(captured: Captured) -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    captured.logger.addHandler(Keep())
+    log = job_logger(captured.logger, "?", "m-1")
+    log.info("received")
+    log.name_job("k\n1")
+    log.info("claimed")
+    assert [(r.job_key, r.message_id) for r in records] == [  # type: ignore[attr-defined]
+        ("?", "m-1"),
+        ("k\n1", "m-1"),
+    ]
+    assert captured.lines()[-1].endswith("job k\\n1 message m-1: claimed") or is_json(captured)
+
+
 def test_disabled_level_formats_nothing(captured: Captured) -> None:
     captured.logger.setLevel(logging.WARNING)
 

@@ -33,3 +33,16 @@ def test_the_prometheus_page_gives_each_series_its_own_help_line() -> None:
     assert len(set(counted)) == len(Counter)
     assert helps["messaging_process_duration_seconds"] == Histogram.PROCESS_DURATION.__doc__
     assert helps["pubsub_worker_step_duration_seconds"] == Histogram.STEP_DURATION.__doc__
+
+
+def test_only_a_received_message_moves_the_last_message_time() -> None:
+    metrics = Metrics()
+    metrics.inc(Counter.COMPLETED)
+    assert metrics.last_received_at() is None
+    metrics.inc(Counter.RECEIVED)
+    received = metrics.last_received_at()
+    assert received is not None
+    metrics.inc(Counter.COMPLETED)
+    assert metrics.last_received_at() == received
+    assert metrics.get(Counter.RECEIVED) == 1
+    assert metrics.get(Counter.COMPLETED) == 2
