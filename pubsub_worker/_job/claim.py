@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -109,7 +109,7 @@ def decide(
 
     ``read_time`` and ``update_time`` are the snapshot's server times; give
     them whenever the store has them (see :func:`lease_left_s`), so ``now``
-    only matters for documents without ``lease_seconds``. Order matters: a
+    only matters for a store without server times. Order matters: a
     payload conflict is reported even for a completed job, so a second
     operation under a used key is never silently dropped.
     """
@@ -197,7 +197,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
             return Claim(kind, record, snap.version, busy_for_s=max(left_s, 0.0))
         if kind is not ClaimKind.CLAIMED:
             return Claim(kind, record, snap.version)
-        changes = _take_over(record, snap.fields, request, now)
+        changes = _take_over(record, request, now)
         try:
             version = store.update(doc_id, changes, expected=snap.version)
         except VersionConflict:
@@ -224,9 +224,9 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
 
 
 def _take_over(
-    record: JobRecord, fields: Mapping[str, Any], request: ClaimRequest, now: datetime
+    record: JobRecord, request: ClaimRequest, now: datetime
 ) -> dict[tuple[str, ...], Any]:
-    """What a compare-and-set claim writes over ``record`` (stored as ``fields``)."""
+    """What a compare-and-set claim writes over ``record``."""
     changes: dict[tuple[str, ...], Any] = {
         (s.STATUS,): Status.RUNNING.value,
         (s.EPOCH,): record.epoch + 1,
@@ -241,8 +241,6 @@ def _take_over(
     }
     if record.payload_sha256 is None:
         changes[(s.PAYLOAD_SHA256,)] = request.identity.payload_sha256
-    if s.SHARD not in fields:  # written before the shard field: listed from now on
-        changes[(s.SHARD,)] = s.shard_of(request.identity.doc_id)
     return changes
 
 

@@ -221,19 +221,3 @@ def test_claim_reports_a_conflicting_payload_for_the_same_key() -> None:
     assert claim(store, request()).kind is ClaimKind.CLAIMED
     other = claim(store, request(message_id="m2", delivery="d9", data=b"different"))
     assert other.kind is ClaimKind.CONFLICT
-
-
-def test_a_claim_taking_over_a_document_older_than_the_shard_field_gives_it_its_shard() -> None:
-    from pubsub_worker.stores import base as s
-
-    store = MemoryJobStore()
-    req = request()
-    doc_id = req.identity.doc_id
-    store.create(  # a released job, written before documents carried a shard
-        doc_id,
-        {s.KEY: "k", s.SUBSCRIPTION: SUB, s.STATUS: Status.RELEASED.value, s.EPOCH: 1},
-    )
-    assert claim(store, req).kind is ClaimKind.CLAIMED
-    snap = store.get(doc_id)
-    assert snap is not None
-    assert (snap.fields[s.EPOCH], snap.fields[s.SHARD]) == (2, s.shard_of(doc_id))
