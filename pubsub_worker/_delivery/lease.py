@@ -86,6 +86,9 @@ class TrackedJob(Protocol):
     held: bool
 
     @property
+    def settling(self) -> bool: ...
+
+    @property
     def unsent_count(self) -> int: ...
 
     @property
@@ -261,7 +264,10 @@ class LeaseKeeper:
             if due:
                 self._renew(ticket, now)
             return
-        if not job.held and now - max(job.last_progress, ticket.attached_at) >= self._lease_s:
+        # Held (in the user's hands) or settling (acked or returned, its conclusion being
+        # written): kept as the stock client keeps a message until its ack is answered.
+        kept = job.held or job.settling
+        if not kept and now - max(job.last_progress, ticket.attached_at) >= self._lease_s:
             ticket.delivery.give_up("no progress for a lease: the delivery was given up")
             self._metrics.inc(Counter.STALLED)
             _log(ticket).warning(
@@ -270,7 +276,7 @@ class LeaseKeeper:
             )
             ticket.message.drop()
             return
-        if due and (job.held or job.last_progress > ticket.last_renewal):
+        if due and (kept or job.last_progress > ticket.last_renewal):
             self._renew(ticket, now)
         if job.store_lease_due:
             self._submit(job.keep_alive)

@@ -106,6 +106,12 @@ class JobOwnership:
 
     # -- the outcome and the lease -------------------------------------------------
 
+    @property
+    def settling(self) -> bool:
+        """The handler's return (or its ``ack()``/``nack()``) decided the outcome, and the
+        conclusion that writes it is on its way: progress, for the lease keeper."""
+        return self._returned or self._concluding
+
     def handler_returned(self) -> None:
         """The handler's return (or its ``ack()``/``nack()``) decided the outcome.
 

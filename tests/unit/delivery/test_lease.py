@@ -11,6 +11,7 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import LeaseKeeper, Ticket
+from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.metrics import Counter, Metrics
 
 T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and tick()
@@ -19,9 +20,10 @@ T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and 
 class FakeJob:
     def __init__(self) -> None:
         self.last_progress = T0
-        self.abandoned = threading.Event()
+        self.abandoned = Flag()
         self.unsent_count = 0
         self.held = False
+        self.settling = False
         self.store_lease_due = False
         self.kept_alive = threading.Semaphore(0)
 
@@ -225,6 +227,25 @@ def test_a_held_message_is_renewed_without_progress_and_never_given_up() -> None
     assert message.renewals == [10] * 11  # every half lease, no progress needed
     assert message.dropped == 0
     assert metrics.get(Counter.STALLED) == 0
+
+
+def test_an_acked_message_whose_conclusion_is_being_written_is_kept_not_given_up() -> None:
+    """Acked from the user's pool after a long hand-off: no step ran for over a lease, but
+    the outcome is decided and its completion on its way; giving it up now would drop a
+    message whose completion lands a moment later (a redelivery for nothing)."""
+    k, metrics = keeper(lease_s=10, cap_s=100)
+    job, message = FakeJob(), FakeMessage()
+    job.held = True
+    watched(k, message, job)
+    for now in range(1, 15):
+        k.tick(T0 + now)
+    held = len(message.renewals)
+    job.held, job.settling = False, True  # ack() from the pool: the completion is written
+    for now in range(15, 40):
+        k.tick(T0 + now)
+    assert message.dropped == 0
+    assert metrics.get(Counter.STALLED) == 0
+    assert len(message.renewals) - held == 5  # every half lease, as while it was held
 
 
 def test_a_held_message_past_the_cap_is_concluded_not_dropped() -> None:
