@@ -29,6 +29,7 @@ def test_the_readme_says_what_a_new_user_needs_in_order() -> None:
         "A first handler",
         "Wrapping an existing callback",
         "Push, in brief",
+        "Performance",
         "Documentation",
     ]
 
