@@ -9,6 +9,7 @@ epoch, back in review (it is still malformed). Both processes stop on SIGINT.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shlex
@@ -87,8 +88,12 @@ def test_a_failed_demo_job_is_replayed_from_the_dashboard_and_runs_again() -> No
         )
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
             overview = _get(http, "/")
-            assert re.search(r'data-count="completed">5<', overview.text)
-            assert re.search(r'data-count="failed">1<', overview.text)
+            # The counts follow the page in their own request, as the browser's htmx fetches them.
+            part = re.findall(r'hx-get="(/parts/counts\?[^"]+)" hx-trigger="load"', overview.text)
+            assert len(part) == 1, overview.text
+            counts = http.get(html.unescape(part[0])).text
+            assert re.search(r'data-count="completed">5<', counts)
+            assert re.search(r'data-count="failed">1<', counts)
             review = http.get("/review")
             assert "op-1006" in review.text
             assert "attachment content is not base64" in review.text
