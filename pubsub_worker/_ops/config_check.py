@@ -40,11 +40,11 @@ from google.api_core import exceptions as gexc
 from pubsub_worker._support import clients
 from pubsub_worker.errors import ConfigError, Unreachable
 from pubsub_worker.settings import Settings
+from pubsub_worker.stores.layout import ttl_command
 
 from . import replay_route
 from .findings import Check, Level
 from .firestore_check import firestore_answers, firestore_setup
-from .job_layout import ttl_command
 from .push_check import is_push, push_findings
 
 __all__ = [

@@ -9,7 +9,7 @@ grace is :data:`CLOUD_RUN_GRACE_S`) live in :mod:`pubsub_worker.settings`,
 which :meth:`~pubsub_worker.settings.Settings.from_env` applies; they are
 re-exported here.
 
-The Firestore set-up the job layout needs is :mod:`pubsub_worker._ops.job_layout`;
+The Firestore set-up the job layout needs is :mod:`pubsub_worker.stores.layout`;
 the checks against Pub/Sub and Firestore are :mod:`pubsub_worker._ops.config_check`.
 """
 

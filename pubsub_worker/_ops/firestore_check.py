@@ -13,9 +13,7 @@ from google.api_core import exceptions as gexc
 from pubsub_worker._support import clients
 from pubsub_worker.errors import Unreachable
 from pubsub_worker.settings import Settings
-
-from .findings import Check, Level
-from .job_layout import (
+from pubsub_worker.stores.layout import (
     DASHBOARD_INDEXES,
     EXEMPT_FIELDS,
     dashboard_index_hints,
@@ -25,6 +23,8 @@ from .job_layout import (
     index_hints,
     ttl_command,
 )
+
+from .findings import Check, Level
 
 __all__ = ["firestore_answers", "firestore_setup"]
 

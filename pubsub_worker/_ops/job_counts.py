@@ -2,9 +2,9 @@
 
 Firestore has no ``group by``: failed jobs are counted per reason of
 :data:`FAILURE_REASONS`, one ``count()`` each on the listing index
-(:meth:`~pubsub_worker._ops.job_index.JobIndex.count` with ``reason``, served
+(:meth:`~pubsub_worker.stores.job_index.JobIndex.count` with ``reason``, served
 on real Firestore by the reason index of
-:data:`~pubsub_worker._ops.job_layout.DASHBOARD_INDEXES`; only documents that
+:data:`~pubsub_worker.stores.layout.DASHBOARD_INDEXES`; only documents that
 ever failed carry ``reason``, so only they have entries). Whatever the total
 of failed jobs holds beyond them is reported as the rest
 (:attr:`ReasonCounts.other`). Counts by status, the stuck and the oldest
@@ -17,10 +17,8 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from pubsub_worker._worker.outcome import Reason
-from pubsub_worker.stores.base import Status
-
-from .job_index import JobIndex
+from pubsub_worker.stores.base import Reason, Status
+from pubsub_worker.stores.job_index import JobIndex
 
 __all__ = ["FAILURE_REASONS", "ReasonCounts", "reason_counts"]
 

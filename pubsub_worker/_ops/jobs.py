@@ -14,7 +14,7 @@ JSON) is :mod:`pubsub_worker._ops.jobs_view`.
     order by updated_at desc, __name__ desc   limit N [start after the cursor]
 
 Real Firestore answers it only from a composite index (the emulator asks
-for none): :data:`~pubsub_worker._ops.job_layout.LIST_INDEXES`, the shard
+for none): :data:`~pubsub_worker.stores.layout.LIST_INDEXES`, the shard
 before ``updated_at``, so a subscription's writes land at the ends of
 :data:`~pubsub_worker.stores.base.SHARDS` index ranges, not one (each takes
 Firestore's 500 writes per second for sequential values). The ``in`` filter
@@ -51,16 +51,15 @@ from pubsub_worker._job.failure import rejected_document_id
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker._support import fences
-from pubsub_worker.errors import PubSubWorkerError, StoreError, VersionConflict
+from pubsub_worker.errors import StoreError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobStore, Status
+from pubsub_worker.stores.layout import IndexMissing, index_command, list_query_shape
 
-from .job_layout import index_command, list_query_shape
 from .jobs_view import JobView
 from .listing import listing_query
 
 __all__ = [
-    "IndexMissing",
     "Page",
     "ReleaseOutcome",
     "ReleaseResult",
@@ -91,17 +90,6 @@ def show(store: JobStore, subscription: str, key: str) -> JobView | None:
 
 
 # -- list ---------------------------------------------------------------------------
-
-
-class IndexMissing(PubSubWorkerError):
-    """Firestore refused a query for want of its composite index (the message is one line)."""
-
-    def __init__(self, command: str, detail: str) -> None:
-        super().__init__(
-            f"Firestore needs a composite index for this query; create it with: {command} "
-            f"(all of them: docs/operations.md; Firestore said: {detail})"
-        )
-        self.command = command
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ One Firestore query per listing (``jobs list``, the dashboard's pages)::
     order by updated_at desc, __name__ desc
 
 Real Firestore answers it only from a composite index
-(:func:`~pubsub_worker._ops.job_layout.list_query_shape` names it). Paged by
+(:func:`~pubsub_worker.stores.layout.list_query_shape` names it). Paged by
 :func:`pubsub_worker._ops.jobs.list_jobs`; counted by
-:class:`~pubsub_worker._ops.job_index.FirestoreJobIndex`, which sends the
+:class:`~pubsub_worker.stores.job_index.FirestoreJobIndex`, which sends the
 same filters as a ``count()`` aggregation, answered from the same index.
 """
 
@@ -42,7 +42,7 @@ def listing_query(
     ``status`` and ``reason`` (a failed job's, with ``status`` failed) are
     equalities, ``older_than_s`` keeps jobs last written at least that long
     before ``now``. Newest first. Each shape has its
-    composite index: :func:`~pubsub_worker._ops.job_layout.list_query_shape`.
+    composite index: :func:`~pubsub_worker.stores.layout.list_query_shape`.
     """
     query = client.collection(collection).where(
         filter=FieldFilter(s.SUBSCRIPTION, "==", subscription)

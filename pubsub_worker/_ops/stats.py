@@ -5,9 +5,9 @@ It reads through a :class:`JobIndex`, the listing index of one subscription
 (:class:`FirestoreJobIndex` on Firestore, :class:`MemoryJobIndex` on the
 in-memory store), and never scans the collection. On Firestore every query
 is one the listing indexes serve
-(:data:`~pubsub_worker._ops.job_layout.LIST_INDEXES`, the second one:
+(:data:`~pubsub_worker.stores.layout.LIST_INDEXES`, the second one:
 ``subscription, status, shard, updated_at desc``; with a failure reason,
-:data:`~pubsub_worker._ops.job_layout.DASHBOARD_INDEXES`)::
+:data:`~pubsub_worker.stores.layout.DASHBOARD_INDEXES`)::
 
     count()   where subscription == S and status == X [and reason == R]
               and shard in [0 .. SHARDS - 1] [and updated_at < T]
@@ -50,14 +50,20 @@ from typing import Any
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import Review, Status
+from pubsub_worker.stores.job_index import (
+    REVIEW_READS,
+    FirestoreJobIndex,
+    JobIndex,
+    MemoryJobIndex,
+    Row,
+    updated_at,
+)
 
-from .job_index import FirestoreJobIndex, JobIndex, MemoryJobIndex, Row, updated_at
 from .jobs_view import JobView
 
 __all__ = [
     "MAX_COUNTS",
     "OLDEST_READS",
-    "REVIEW_READS",
     "FirestoreJobIndex",
     "JobIndex",
     "JobStats",
@@ -71,9 +77,6 @@ MAX_COUNTS = 64
 
 OLDEST_READS = 200
 """Running jobs up to which the oldest is found by reading their ``updated_at`` (one query)."""
-
-REVIEW_READS = 100
-"""Failed jobs, most recently written first, whose ``review`` field :func:`job_stats` reads."""
 
 _TICK = timedelta(microseconds=1)
 """Firestore's resolution of a timestamp."""
@@ -132,7 +135,7 @@ def job_stats(
 
     See the module. With an ``executor`` the counts are sent at once, and the
     search for the oldest beside the review reads. Raises
-    :class:`~pubsub_worker._ops.jobs.IndexMissing` when real Firestore lacks
+    :class:`~pubsub_worker.stores.layout.IndexMissing` when real Firestore lacks
     the listing index and :class:`~pubsub_worker.errors.StoreError` when it
     fails otherwise.
     """

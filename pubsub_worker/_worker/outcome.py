@@ -54,6 +54,7 @@ from pubsub_worker.errors import (
     ProcessingTimeout,
     ShuttingDown,
 )
+from pubsub_worker.stores.base import Reason
 
 __all__ = [
     "EFFECTS",
@@ -62,7 +63,6 @@ __all__ = [
     "Happened",
     "Outcome",
     "Phase",
-    "Reason",
     "Settled",
     "backoff_s",
     "decide",
@@ -166,23 +166,6 @@ EFFECTS: dict[Outcome, Effect] = {
 }
 """Each outcome's ack, write and success, at a glance (the properties of :class:`Outcome`)."""
 # fmt: on
-
-
-class Reason:
-    """Why a message went to the failure path (the ``reason`` field and attribute)."""
-
-    ATTEMPTS = "attempts"
-    """It failed ``MAX_ATTEMPTS`` times."""
-    PERMANENT = "permanent"
-    """User code raised ``PermanentError``."""
-    TOO_LARGE = "too_large"
-    """A step's result or an outbox entry would not fit in the job document."""
-    LIMITS = "limits"
-    """A message the job would publish breaks Pub/Sub's limits."""
-    MISSING_KEY = "missing_key"
-    """The configured key attribute was missing or empty."""
-    PAYLOAD_CONFLICT = "payload_conflict"
-    """The key was already used for a different payload."""
 
 
 @dataclass(frozen=True)

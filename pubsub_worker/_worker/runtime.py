@@ -26,13 +26,13 @@ from pubsub_worker._delivery.generations import DeliveryTracker, KeyGate, Orderi
 from pubsub_worker._delivery.lease import LeaseKeeper
 from pubsub_worker._job.context import JobContext, Publish
 from pubsub_worker._job.failure import FailurePath
-from pubsub_worker._ops import stats
 from pubsub_worker._support import clients
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import ConfigError, Unreachable
 from pubsub_worker.hooks import Hooks
 from pubsub_worker.settings import Settings
 from pubsub_worker.stores import base as s
+from pubsub_worker.stores import job_index
 from pubsub_worker.stores.base import JobStore, Review, Status
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 from pubsub_worker.stores.firestore import FirestoreJobStore
@@ -194,22 +194,22 @@ def check_pending_reviews(rt: Runtime) -> None:
     A job failed while ``FAILURE_TOPIC`` was set is recorded ``review: pending`` until
     its failure message is out; a worker started without the variable could never publish
     it (its deliveries are deferred, never acked). ``review`` is exempt from indexing: the
-    most recently written failed jobs are read (``stats.REVIEW_READS``), through the
+    most recently written failed jobs are read (``job_index.REVIEW_READS``), through the
     listing index; when that cannot be read, the start goes on (said in the log).
     """
     if rt.settings.failure_topic_path is not None:
         return
     subscription = rt.settings.subscription_path
     store = rt.store
-    index: stats.JobIndex
+    index: job_index.JobIndex
     if isinstance(store, FirestoreJobStore):
-        index = stats.FirestoreJobIndex(store.client, store.collection, subscription)
+        index = job_index.FirestoreJobIndex(store.client, store.collection, subscription)
     elif isinstance(store, MemoryJobStore):
-        index = stats.MemoryJobIndex(store, subscription)
+        index = job_index.MemoryJobIndex(store, subscription)
     else:
         return  # a store of the user's: nothing to list it by
     try:
-        rows = index.newest(Status.FAILED, limit=stats.REVIEW_READS, fields=[s.REVIEW])
+        rows = index.newest(Status.FAILED, limit=job_index.REVIEW_READS, fields=[s.REVIEW])
     except Exception as exc:  # noqa: BLE001 - cannot tell: each delivery still refuses to ack
         _LOGGER.warning("could not look for failed jobs waiting for review: %s", exc)
         return

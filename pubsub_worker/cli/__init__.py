@@ -63,9 +63,9 @@ from typing import NoReturn
 
 from google.api_core import exceptions as gexc
 
-from pubsub_worker._ops.jobs import IndexMissing
 from pubsub_worker._support.distribution import NAME, installed_version
 from pubsub_worker.errors import ConfigError, PubSubWorkerError, StoreError, Unreachable
+from pubsub_worker.stores.layout import IndexMissing
 
 from . import config, jobs, push, run, ui
 from .exit_codes import ExitCode

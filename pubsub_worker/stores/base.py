@@ -104,6 +104,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "OutboxEntry",
+    "Reason",
     "Review",
     "Snapshot",
     "Status",
@@ -181,6 +182,24 @@ class Review(str, Enum):
     """The failed record is written; the failure message is not published yet."""
     SENT = "sent"
     """The failure message is published."""
+
+
+class Reason:
+    """Why a job went to the failure path (field :data:`REASON`, and the failure message's
+    ``reason`` attribute)."""
+
+    ATTEMPTS = "attempts"
+    """It failed ``MAX_ATTEMPTS`` times."""
+    PERMANENT = "permanent"
+    """User code raised ``PermanentError``."""
+    TOO_LARGE = "too_large"
+    """A step's result or an outbox entry would not fit in the job document."""
+    LIMITS = "limits"
+    """A message the job would publish breaks Pub/Sub's limits."""
+    MISSING_KEY = "missing_key"
+    """The configured key attribute was missing or empty."""
+    PAYLOAD_CONFLICT = "payload_conflict"
+    """The key was already used for a different payload."""
 
 
 @dataclass(frozen=True)

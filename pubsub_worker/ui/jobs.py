@@ -32,13 +32,14 @@ from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker._ops import job_counts, replay_route, stats
 from pubsub_worker._ops import jobs as job_ops
-from pubsub_worker._ops.job_index import FirestoreJobIndex
 from pubsub_worker._ops.jobs_view import JobView
 from pubsub_worker._ops.replay import FailedJob, ReplayResult, replay, why_not_replayable
 from pubsub_worker._support import clients
 from pubsub_worker.settings import Settings
 from pubsub_worker.stores import FirestoreJobStore
 from pubsub_worker.stores.base import JobRecord, Snapshot, Status
+from pubsub_worker.stores.job_index import FirestoreJobIndex
+from pubsub_worker.stores.layout import IndexMissing
 
 from .filters import Filters
 from .shapes import Counts, JobDetail, ListPage, Review, Subscription
@@ -119,7 +120,7 @@ class Jobs:
                 stuck_after_s=float(sub.settings.lease_seconds),
                 executor=self._pool,
             )
-        except job_ops.IndexMissing as exc:
+        except IndexMissing as exc:
             return Counts.unknown(exc.command)
         return Counts.of(found)
 
@@ -129,7 +130,7 @@ class Jobs:
         missing: tuple[str, ...] = ()
         try:
             reasons = job_counts.reason_counts(self.index(sub), self._pool)
-        except job_ops.IndexMissing as exc:
+        except IndexMissing as exc:
             reasons, missing = job_counts.ReasonCounts.of(0, {}), (exc.command,)
         samples: dict[str, list[JobView]] = {}
         for view in newest.result().jobs:

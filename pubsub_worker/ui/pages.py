@@ -17,9 +17,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from pubsub_worker._ops.jobs import IndexMissing
 from pubsub_worker.errors import PubSubWorkerError
 from pubsub_worker.stores.base import Status
+from pubsub_worker.stores.layout import IndexMissing
 
 from . import format as fmt
 from .filters import BadFilter, Filters

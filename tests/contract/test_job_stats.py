@@ -16,10 +16,10 @@ import pytest
 
 from pubsub_worker._ops import stats as ops_stats
 from pubsub_worker._ops.job_counts import reason_counts
-from pubsub_worker._ops.job_index import FirestoreJobIndex, JobIndex, MemoryJobIndex
 from pubsub_worker._ops.stats import job_stats
 from pubsub_worker.stores import FirestoreJobStore, MemoryJobStore
 from pubsub_worker.stores.base import JobStore, Review, Status
+from pubsub_worker.stores.job_index import FirestoreJobIndex, JobIndex, MemoryJobIndex
 from tests.support.job_documents import put_job
 
 SUB = "projects/proj/subscriptions/orders"

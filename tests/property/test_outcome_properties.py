@@ -53,7 +53,6 @@ from pubsub_worker._worker.outcome import (
     Happened,
     Outcome,
     Phase,
-    Reason,
     decide,
 )
 from pubsub_worker.errors import (
@@ -70,7 +69,7 @@ from pubsub_worker.errors import (
     StoreError,
     VersionConflict,
 )
-from pubsub_worker.stores.base import JobRecord, Status
+from pubsub_worker.stores.base import JobRecord, Reason, Status
 
 ERRORS: tuple[type[Exception], ...] = (
     ValueError,

@@ -24,6 +24,7 @@ from google.cloud.firestore_v1 import aggregation, client, document, query
 import pubsub_worker
 from benchmarks.ui_support import bulk_job, job_document, write_documents
 from pubsub_worker._ops import stats
+from pubsub_worker.stores import job_index
 from pubsub_worker.ui import Jobs, create_app
 from pubsub_worker.ui import jobs as ui_jobs
 
@@ -98,7 +99,7 @@ def test_every_page_reads_at_most_its_page(
         "/": (ui_jobs.RECENT + 1 + 20 + 1, 0),  # each list one more than shown; counts follow
         # `jobs stats`: 4 statuses and the stuck counted; the running jobs' updated_at read
         # (at most OLDEST_READS + 1) and the oldest in full; the newest failed jobs' review.
-        f"/parts/counts?sub={sub}": (stats.OLDEST_READS + 1 + 1 + stats.REVIEW_READS, 5),
+        f"/parts/counts?sub={sub}": (stats.OLDEST_READS + 1 + 1 + job_index.REVIEW_READS, 5),
         "/jobs": (ui_jobs.PAGE + 1, 0),
         f"/jobs?sub={sub}&status=failed&reason=attempts": (ui_jobs.PAGE + 1, 0),
         f"/jobs/{failed}": (1, 0),

@@ -149,6 +149,19 @@ def test_both_doors_enter_the_engine_and_nothing_else_of_it() -> None:
     )
 
 
+def test_the_engine_and_the_operators_commands_do_not_import_each_other() -> None:
+    """``_worker`` and ``_ops`` share a layer, yet neither reaches into the other: what both
+    read (the listing index, the stored vocabulary) lives in ``stores``."""
+    graph = _graph()
+    crossing = [
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        for imported in imports
+        if {_unit(module), _unit(imported)} == {"_worker", "_ops"}
+    ]
+    assert crossing == []
+
+
 @pytest.mark.parametrize(
     "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
 )

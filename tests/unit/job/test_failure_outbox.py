@@ -19,9 +19,9 @@ import pubsub_worker
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._ops import jobs as job_ops
 from pubsub_worker._ops import jobs_view
-from pubsub_worker._worker.outcome import Reason
 from pubsub_worker.errors import PermanentError
 from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import Reason
 from tests.support.world import SUB, FakeMessage, World, world
 
 __all__ = ["world"]

@@ -20,9 +20,9 @@ from google.cloud import firestore_admin_v1 as admin_v1
 from pubsub_worker import Settings
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._ops import config_check as cc
-from pubsub_worker._ops import job_layout as jl
 from pubsub_worker._ops.firestore_check import firestore_setup
 from pubsub_worker.stores import base as s
+from pubsub_worker.stores import layout as jl
 from pubsub_worker.stores.base import Status
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,15 +17,17 @@ from google.api_core import exceptions as gexc
 
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.keys import derive_identity, document_id
-from pubsub_worker._ops import job_layout, jobs_view
 from pubsub_worker._ops import jobs as job_ops
+from pubsub_worker._ops import jobs_view
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, ReplayResult
 from pubsub_worker.cli import jobs as cli_jobs
 from pubsub_worker.cli import replay as cli_replay
 from pubsub_worker.cli.output import Column, plain_table
 from pubsub_worker.errors import VersionConflict
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores import layout as job_layout
 from pubsub_worker.stores.base import Changes, JobRecord, Snapshot, Status
+from pubsub_worker.stores.layout import IndexMissing
 
 SUB = "projects/proj/subscriptions/sub"
 ROOT = Path(__file__).resolve().parents[3]
@@ -236,7 +238,7 @@ class RefusingQuery:
 
 
 def test_a_listing_without_its_index_says_which_command_creates_it() -> None:
-    with pytest.raises(job_ops.IndexMissing) as missing:
+    with pytest.raises(IndexMissing) as missing:
         job_ops.list_jobs(RefusingQuery(), "jobs", SUB, status=Status.RUNNING, older_than_s=600)
     assert missing.value.command == job_layout.index_commands("jobs")[1]
     assert "The query requires an index" in str(missing.value)

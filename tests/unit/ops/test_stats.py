@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 
-from pubsub_worker._ops import job_layout as jl
-from pubsub_worker._ops.jobs import IndexMissing
 from pubsub_worker._ops.stats import FirestoreJobIndex, job_stats
 from pubsub_worker.errors import StoreError
 from pubsub_worker.stores import base as s
+from pubsub_worker.stores import layout as jl
 from pubsub_worker.stores.base import Status
+from pubsub_worker.stores.layout import IndexMissing
 
 SUB = "projects/proj/subscriptions/orders"
 AT = datetime(2026, 3, 1, 11, 0, tzinfo=timezone.utc)

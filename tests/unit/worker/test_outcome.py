@@ -27,7 +27,6 @@ from pubsub_worker._worker.outcome import (
     Happened,
     Outcome,
     Phase,
-    Reason,
     backoff_s,
     decide,
 )
@@ -46,6 +45,7 @@ from pubsub_worker.errors import (
     VersionConflict,
 )
 from pubsub_worker.stores import base as s
+from pubsub_worker.stores.base import Reason
 from tests.support.world import FAILURES, SUB, FakeMessage, World
 
 # -- decide(), the pure table -----------------------------------------------------

@@ -5,7 +5,8 @@
 (the fields no query reads, exempt from single-field indexing), as
 ``firestore.indexes.json`` (:func:`indexes_json`) and as ``gcloud`` commands,
 with the pure judgments of what the Admin API answers (:func:`has_index`,
-:func:`still_indexed`). Why each field is exempt, and what that buys, is
+:func:`still_indexed`), and :class:`IndexMissing`, what a query refused for
+want of its index raises. Why each field is exempt, and what that buys, is
 ``docs/operations.md`` ("Capacity"); ``pubsub-worker config`` checks it
 (:mod:`pubsub_worker._ops.config_check`). Nothing here does I/O.
 """
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pubsub_worker.errors import PubSubWorkerError
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import Status
 
@@ -25,6 +27,7 @@ __all__ = [
     "LIST_INDEXES",
     "QUERIED_FIELDS",
     "IndexField",
+    "IndexMissing",
     "QueryShape",
     "dashboard_index_hints",
     "exemption_command",
@@ -187,6 +190,17 @@ def index_command(collection: str, index: tuple[IndexField, ...]) -> str:
         for f in index
     )
     return f"gcloud firestore indexes composite create --collection-group={collection} {configs}"
+
+
+class IndexMissing(PubSubWorkerError):
+    """Firestore refused a query for want of its composite index (the message is one line)."""
+
+    def __init__(self, command: str, detail: str) -> None:
+        super().__init__(
+            f"Firestore needs a composite index for this query; create it with: {command} "
+            f"(all of them: docs/operations.md; Firestore said: {detail})"
+        )
+        self.command = command
 
 
 def index_commands(collection: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""The listing index of one subscription's jobs, as ``jobs stats`` and the dashboard read it.
+"""The listing index of one subscription's jobs, as ``jobs stats``, the dashboard and a
+worker's start-up check (failed jobs waiting for their failure message) read it.
 
 :class:`JobIndex` is what is asked of it: counts (of a status, last written
 before a time, failed for a reason) and the newest documents.
@@ -18,14 +19,17 @@ from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from pubsub_worker.errors import StoreError
-from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import Status
-from pubsub_worker.stores.memory import MemoryJobStore
 
-from .job_layout import index_command, list_query_shape
-from .jobs import IndexMissing
+from . import base as s
+from .base import Status
+from .layout import IndexMissing, index_command, list_query_shape
+from .memory import MemoryJobStore
 
-__all__ = ["FirestoreJobIndex", "JobIndex", "MemoryJobIndex", "Row", "updated_at"]
+__all__ = ["REVIEW_READS", "FirestoreJobIndex", "JobIndex", "MemoryJobIndex", "Row", "updated_at"]
+
+REVIEW_READS = 100
+"""Failed jobs, most recently written first, whose ``review`` field is read for the pending
+reviews (``review`` is exempt from indexing, so they are not counted by a query)."""
 
 
 @dataclass(frozen=True)
