@@ -295,6 +295,22 @@ _ALL: tuple[Scenario, ...] = (
         store="batched",
         batching={"max_in_flight": 4},
     ),
+    *(
+        Scenario(
+            f"wrapped-1-default-rtt-batched-{slots}",
+            "wrapped",
+            f"`exactly_once`, 1 step, client defaults, production round trips, BatchWrite, "
+            f"{slots} batches in flight",
+            baseline="stock-eod-default-rtt",
+            steps=1,
+            subscribe="default",
+            latency=True,
+            delayed=True,
+            store="batched",
+            batching={"max_in_flight": slots},
+        )
+        for slots in (4, 8)
+    ),
     Scenario(
         "wrapped-1-batched-linger",
         "wrapped",
