@@ -155,6 +155,25 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
     }
 
 
+def _new_record(fields: dict[str, Any]) -> JobRecord:
+    """``JobRecord.parse(fields)`` of :func:`_new_fields`' fields, read without the general
+    parse (a new job has no steps, outbox or failure fields): once per new job."""
+    return JobRecord(
+        status=Status.RUNNING,
+        epoch=1,
+        owner=fields[s.OWNER],
+        message_id=fields[s.MESSAGE_ID],
+        delivery=fields[s.DELIVERY],
+        lease_expires_at=fields[s.LEASE_EXPIRES_AT],
+        attempts=1,
+        payload_sha256=fields[s.PAYLOAD_SHA256],
+        lease_s=fields[s.LEASE_SECONDS],
+        key=fields[s.KEY],
+        subscription=fields[s.SUBSCRIPTION],
+        trace_parent=fields.get(s.TRACE_PARENT),
+    )
+
+
 def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) -> Claim:
     """Claim the job for this delivery, atomically.
 
@@ -176,7 +195,7 @@ def claim(store: JobStore, request: ClaimRequest, *, exists_hint: bool = False) 
                     version = store.update(doc_id, _changes(fields), expected=_now(store, doc_id))
                     return Claim(ClaimKind.CLAIMED, JobRecord.parse(fields), version)
             else:
-                return Claim(ClaimKind.CLAIMED, JobRecord.parse(fields), version)
+                return Claim(ClaimKind.CLAIMED, _new_record(fields), version)
         snap = store.get(doc_id)
         if snap is None:
             try_create = True

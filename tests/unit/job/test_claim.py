@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -221,3 +222,18 @@ def test_claim_reports_a_conflicting_payload_for_the_same_key() -> None:
     assert claim(store, request()).kind is ClaimKind.CLAIMED
     other = claim(store, request(message_id="m2", delivery="d9", data=b"different"))
     assert other.kind is ClaimKind.CONFLICT
+
+
+TRACE_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize("trace_parent", [None, TRACE_PARENT])
+def test_a_new_job_s_claim_returns_the_record_as_stored(trace_parent: str | None) -> None:
+    """A new job's record is built without parsing what was written: it must equal the parse."""
+    store = MemoryJobStore()
+    req = dataclasses.replace(request(), trace_parent=trace_parent)
+    got = claim(store, req)
+    snap = store.get(req.identity.doc_id)
+    assert got.kind is ClaimKind.CLAIMED
+    assert snap is not None
+    assert got.record == JobRecord.parse(snap.fields)
