@@ -1,6 +1,7 @@
 """``pubsub-worker config``'s checks of Firestore: that it answers, and the set-up the job
 layout needs on real Firestore (TTL policy, composite indexes, index exemptions), read
-through the Admin API, or given as hints with their commands (:mod:`.job_layout`)."""
+through the Admin API, or given as hints with their commands
+(:mod:`pubsub_worker.stores.layout`)."""
 
 from __future__ import annotations
 
