@@ -53,6 +53,7 @@ from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcT
 
 from benchmarks.counting import RpcCounter
 from benchmarks.scenarios import SCENARIOS, Scenario
+from benchmarks.threads import thread_cpu_s
 
 __all__ = ["ConsumerConfig", "main"]
 
@@ -364,6 +365,7 @@ class _Consumer:
             firestore=self.firestore_counter.snapshot(),
             peak_rss_mb=_peak_rss_mb(),
             leased_peak=peak,
+            threads=thread_cpu_s(),
         )
 
     def result(self) -> None:

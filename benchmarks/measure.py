@@ -10,7 +10,15 @@ from typing import Any, Protocol
 
 from benchmarks.machine import CpuMark, cpu_between
 
-__all__ = ["Member", "cpu_shares", "paired", "percentiles", "phase_stats", "rpc_delta"]
+__all__ = [
+    "Member",
+    "cpu_shares",
+    "paired",
+    "percentiles",
+    "phase_stats",
+    "rpc_delta",
+    "thread_delta",
+]
 
 
 class Member(Protocol):
@@ -124,9 +132,20 @@ def phase_stats(
         "firestore_rpc_ms_per_msg": sum(firestore["micros"].values()) / 1000 / count,
         "pubsub_rpcs_per_msg": sum(pubsub["calls"].values()) / count,
         "consumer_cpu_s": [m.marks[last]["cpu_s"] - m.marks[first]["cpu_s"] for m in members],
+        "consumer_cpu_by_thread_s": thread_delta(members, first, last),
         "leased_peak": [m.marks[last]["leased_peak"] for m in members],
         "per_process_msgs": [sum(1 for r in records if r[6] == m.index) for m in members],
     }
+
+
+def thread_delta(members: Sequence[Member], first: str, last: str) -> dict[str, float]:
+    """CPU seconds of the consumers' threads between two marks, by role (all processes)."""
+    spent: dict[str, float] = {}
+    for member in members:
+        before = member.marks[first].get("threads", {})
+        for role, seconds in member.marks[last].get("threads", {}).items():
+            spent[role] = spent.get(role, 0.0) + seconds - before.get(role, 0.0)
+    return spent
 
 
 def cpu_shares(before: CpuMark, after: CpuMark, members: Sequence[Member]) -> dict[str, Any]:

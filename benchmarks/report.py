@@ -12,6 +12,7 @@ from benchmarks.latency import latency_section, latency_targets
 from benchmarks.measure import paired
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate, lone_own_ms
+from benchmarks.threads import ROLES
 
 __all__ = ["BEGIN", "END", "render_markdown", "summarize", "write_markdown"]
 
@@ -64,6 +65,17 @@ def consumer_cpu_ms(run: Run) -> float:
     """CPU of every consumer process of the run, ms per backlog message."""
     phase = backlog(run)
     return float(sum(phase["consumer_cpu_s"]) * 1000 / phase["messages"])
+
+
+def _thread_cpu_ms(role: str) -> Callable[[Run], float | None]:
+    """A run's CPU of the consumers' threads of ``role``, ms per backlog message."""
+
+    def value(run: Run) -> float | None:
+        phase = backlog(run)
+        spent = phase.get("consumer_cpu_by_thread_s") or {}
+        return spent.get(role, 0.0) * 1000 / phase["messages"] if spent else None
+
+    return value
 
 
 def _rss_per_1000(run: Run) -> float | None:
@@ -145,6 +157,9 @@ def summarize(
                         lambda r: backlog(r)["pubsub_emulator_s"] * 1000 / backlog(r)["messages"],
                     )
                 ),
+            },
+            "cpu_ms_by_thread": {
+                role: _median(_values(good, _thread_cpu_ms(role))) for role in ROLES
             },
             "cpu_ratio_vs_baseline": _median(paired(runs, name, base, consumer_cpu_ms)),
             "versus": scenario.versus,
@@ -328,6 +343,26 @@ def _time_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _thread_table(report: dict[str, Any]) -> list[str]:
+    summary: dict[str, dict[str, Any]] = report["summary"]
+    labels: dict[str, str] = report["scenarios"]
+    rows = [
+        (name, row)
+        for name, row in summary.items()
+        if any(v is not None for v in row.get("cpu_ms_by_thread", {}).values())
+    ]
+    if not rows:
+        return []
+    lines = [
+        "| scenario | consumer CPU | " + " | ".join(ROLES) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in ROLES) + " |",
+    ]
+    for name, row in rows:
+        cells = " | ".join(_num(row["cpu_ms_by_thread"].get(role), 2) for role in ROLES)
+        lines.append(f"| {labels[name]} | {_num(row['cpu_ms_per_msg']['consumer'], 2)} | {cells} |")
+    return lines
+
+
 def _versus_table(report: dict[str, Any]) -> list[str]:
     """Scenarios compared with a second one (an async handler with its sync twin)."""
     summary: dict[str, dict[str, Any]] = report["summary"]
@@ -404,6 +439,21 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         *_time_table(report),
     ]
+    by_thread = _thread_table(report)
+    if by_thread:
+        lines += [
+            "",
+            '<a id="threads"></a>',
+            "### Consumer CPU by thread",
+            "",
+            "Backlog phase, ms per message, medians (each column's median apart, so a row need "
+            "not add up to its total): the CPU of the consumer's threads by what they do, read "
+            "from `/proc` at the phase's start and end (`benchmarks/threads.py`). "
+            + "; ".join(f"{role}: {text}" for role, text in ROLES.items())
+            + ".",
+            "",
+            *by_thread,
+        ]
     stalls = [
         f"- {report['scenarios'][name]}: {why}"
         for name, row in report["summary"].items()

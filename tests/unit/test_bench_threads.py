@@ -1,0 +1,105 @@
+"""The benchmark's CPU by thread role: names -> roles, /proc readings, phase deltas, the table."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from benchmarks.measure import thread_delta
+from benchmarks.report import _thread_table
+from benchmarks.threads import ROLES, role, thread_cpu_s
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ThreadPoolExecutor-ThreadScheduler_3", "callbacks"),  # the stock client's scheduler
+        ("pubsub-worker_2", "callbacks"),  # run()'s pool
+        ("bench_7", "callbacks"),
+        ("pubsub-worker-complete_0", "completer"),
+        ("pubsub-worker-batch-writer-12", "writers"),
+        ("pubsub-worker-lease-keeper", "other"),
+        ("Thread-CallbackRequestDispatcher", "pubsub"),
+        ("Thread-LeaseMaintainer", "pubsub"),
+        ("event_engine", "grpc"),
+        ("bench-flush", "other"),
+        ("MainThread", "other"),
+        ("Thread-3 (_run)", "other"),
+    ],
+)
+def test_a_thread_is_counted_under_its_role(name: str, expected: str) -> None:
+    from benchmarks.threads import _SUFFIX
+
+    assert role(_SUFFIX.sub("", name) or name) == expected
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_busy_thread_shows_under_its_role_and_under_ended_once_gone() -> None:
+    before = thread_cpu_s()
+    assert set(before) == set(ROLES)
+    burnt, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        _burn(0.3)
+        burnt.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=work, name="pubsub-worker-batch-writer-99")
+    thread.start()
+    assert burnt.wait(10)
+    alive = thread_cpu_s()
+    release.set()
+    thread.join()
+    gone = thread_cpu_s()
+    assert alive["writers"] - before["writers"] >= 0.25
+    assert gone["writers"] < alive["writers"] - 0.2  # the thread left the live ones...
+    assert gone["ended"] - before["ended"] >= 0.25  # ...and its CPU stays in the process's
+
+
+def test_a_phase_takes_each_roles_difference_summed_over_processes() -> None:
+    members: list[Any] = [
+        SimpleNamespace(
+            index=0,
+            marks={
+                "start": {"threads": {"callbacks": 1.0}},
+                "backlog": {"threads": {"callbacks": 3.5, "grpc": 0.5}},
+            },
+        ),
+        SimpleNamespace(
+            index=1,
+            marks={
+                "start": {"threads": {"callbacks": 2.0}},
+                "backlog": {"threads": {"callbacks": 2.5}},
+            },
+        ),
+        SimpleNamespace(index=2, marks={"start": {}, "backlog": {}}),  # no reading: nothing
+    ]
+    assert thread_delta(members, "start", "backlog") == {"callbacks": 3.0, "grpc": 0.5}
+
+
+def test_the_report_shows_a_row_per_scenario_with_readings() -> None:
+    report = {
+        "scenarios": {"a": "scenario a", "b": "scenario b"},
+        "summary": {
+            "a": {
+                "cpu_ms_per_msg": {"consumer": 2.5},
+                "cpu_ms_by_thread": {**dict.fromkeys(ROLES), "callbacks": 1.25, "grpc": 0.5},
+            },
+            "b": {"cpu_ms_per_msg": {"consumer": 1.0}, "cpu_ms_by_thread": dict.fromkeys(ROLES)},
+        },
+    }
+    lines = _thread_table(report)
+    assert lines[0].startswith("| scenario | consumer CPU | callbacks | completer | writers")
+    assert len(lines) == 3  # header, rule, scenario a (b has no reading)
+    assert lines[2].startswith("| scenario a | 2.50 | 1.25 | n/a | n/a | n/a | 0.50 |")
