@@ -14,7 +14,12 @@ twice each, alternating:
 - ``write-stream``: Firestore's bidirectional ``Write`` stream, opened once,
   one request per batch (applied atomically, unlike ``BatchWrite``) and its
   response awaited, a design the store does not use: what a transport that
-  pays no call set-up per batch would save.
+  pays no call set-up per batch would save;
+- ``rest``: the same writes as JSON over HTTP/1.1 to the REST endpoint
+  (``documents:batchWrite``) on one kept-alive connection, the emulator's
+  only (no credentials): what leaving gRPC would save;
+- ``empty-commit``: a ``Commit`` of no writes on the raw channel: the floor,
+  what any unary call costs the client here, whatever it carries.
 
 It prints the process CPU time (all threads, ``time.process_time``) and
 the wall time per RPC. The writes are built before the timing starts.
@@ -23,12 +28,17 @@ the wall time per RPC. The writes are built before the timing starts.
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import os
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
 from benchmarks.machine import emulators
 
@@ -63,12 +73,49 @@ def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
         done.wait()
         return future.result()
 
+    commit_request = firestore_types.CommitRequest.pb()
+    commit = api._transport.grpc_channel.unary_unary(
+        "/google.firestore.v1.Firestore/Commit",
+        request_serializer=commit_request.SerializeToString,
+        response_deserializer=firestore_types.CommitResponse.pb().FromString,
+    )
+
+    def empty_commit(writes: list[Any]) -> Any:
+        return commit(commit_request(database=database), timeout=10, metadata=metadata)
+
     return {
         "generated": generated,
         "raw": raw,
         "raw-future": raw_future,
         "write-stream": _WriteStream(client, metadata),
+        "rest": _Rest(database),
+        "empty-commit": empty_commit,
     }
+
+
+class _Rest:
+    """Batches as JSON over HTTP/1.1 to the emulator's REST endpoint, one kept-alive connection."""
+
+    def __init__(self, database: str) -> None:
+        host, port = os.environ["FIRESTORE_EMULATOR_HOST"].rsplit(":", 1)
+        self._connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        self._path = f"/v1/{database}/documents:batchWrite"
+        self._headers = {"Content-Type": "application/json", "Authorization": "Bearer owner"}
+
+    @staticmethod
+    def prepare(writes: list[Any]) -> Any:
+        """The writes as the JSON objects of the REST API, built before the timing (as the
+        protobufs are for the other ways)."""
+        return [MessageToDict(write) for write in writes]
+
+    def __call__(self, writes: list[Any]) -> Any:
+        body = json.dumps({"writes": writes}).encode()
+        self._connection.request("POST", self._path, body, self._headers)
+        response = self._connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"batchWrite over REST: {response.status} {answer[:200]!r}")
+        return json.loads(answer)
 
 
 class _WriteStream:
@@ -129,9 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.calls} BatchWrite RPCs of {args.writes} writes, one thread, per RPC:")
         for round_ in (1, 2):
             for name, send in senders.items():
+                prepare = getattr(send, "prepare", lambda writes: writes)
                 for writes in batches(50):  # warm the path
-                    send(writes)
-                todo = batches(args.calls)
+                    send(prepare(writes))
+                todo = [prepare(writes) for writes in batches(args.calls)]
                 cpu, wall = time.process_time(), time.perf_counter()
                 for writes in todo:
                     send(writes)
