@@ -53,9 +53,13 @@ _PREFIXES: tuple[tuple[str, str], ...] = (
 
 
 def role(name: str) -> str:
-    """The role of a thread called ``name`` (its Python name, else the kernel's)."""
+    """The role of a thread called ``name`` (its Python name, else the kernel's).
+
+    A pool's number is not part of it: ``bench_7`` is a ``bench`` thread.
+    """
+    stem = _SUFFIX.sub("", name) or name
     for prefix, found in _PREFIXES:
-        if name.startswith(prefix):
+        if stem.startswith(prefix):
             return found
     return "other"
 
@@ -76,7 +80,7 @@ def thread_cpu_s() -> dict[str, float]:
         except (OSError, ValueError, IndexError):
             continue  # ended while read, or no scheduler statistics
         name = names.get(int(tid), kernel_name)
-        spent[role(_SUFFIX.sub("", name) or name)] += on_cpu_ns / 1e9
+        spent[role(name)] += on_cpu_ns / 1e9
     usage = resource.getrusage(resource.RUSAGE_SELF)
     spent["ended"] = max(usage.ru_utime + usage.ru_stime - sum(spent.values()), 0.0)
     return spent
