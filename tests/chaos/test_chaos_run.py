@@ -86,7 +86,7 @@ def test_short_run_under_every_fault_kind_loses_and_doubles_nothing(
 
 @pytest.mark.emulator
 @pytest.mark.chaos
-@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)  # at most two runs
 def test_the_same_run_without_the_fence_reports_doubled_writes_and_the_seed(
     emulators: Emulators, progress: io.StringIO, tmp_path: Any
 ) -> None:
@@ -105,24 +105,34 @@ def test_the_same_run_without_the_fence_reports_doubled_writes_and_the_seed(
     jobs at twice the rate, so that every isolated worker holds several jobs
     (at the CI run's rate a worker holds about three, and on a loaded machine
     four isolations once caught none inside its transactional step).
+
+    Whether an isolation catches a commit on its way out is still a matter
+    of timing, not of the seed alone (a stale owner that has not sent its
+    commit yet is stopped by its lost delivery, fence or no fence): when the
+    CI seed's run doubles nothing, the next seed runs once more. A checker
+    that cannot see a doubled write fails both.
     """
-    # A lower time limit: a store without a fence can also leave a job stuck for good.
-    (options,) = parse_args(
-        short_run(
-            *("--unfenced", "--off", "all", "--rate", "isolate=6", "--time-limit", "90"),
-            *("--jobs", "800", "--publish-rate", "28"),
+    for seed in (CI_SEED, CI_SEED + 1):
+        # A lower time limit: a store without a fence can also leave a job stuck for good.
+        (options,) = parse_args(
+            [
+                *("--short", "--seed", str(seed), "--json", "-", "--unfenced", "--off", "all"),
+                *("--rate", "isolate=6", "--time-limit", "90", "--jobs", "800"),
+                *("--publish-rate", "28"),
+            ]
         )
-    )
-    report = run_chaos(options, emulators=emulators, out=progress)
+        report = run_chaos(options, emulators=emulators, out=progress)
+        figures = report["figures"]
+        if figures["doubled_business_writes"] + figures["doubled_outputs"] > 0:
+            break
 
     summary = render(report)
     assert not report["ok"], summary
-    figures = report["figures"]
     assert figures["doubled_business_writes"] + figures["doubled_outputs"] > 0, summary
     failed = {check["name"]: check for check in report["checks"] if not check["ok"]}
     doubled = failed.get("business write once per job") or failed["one output per job"]
     assert doubled["jobs"], doubled
-    assert f"--seed {CI_SEED}" in report["command"]
+    assert f"--seed {seed}" in report["command"]
     assert "--unfenced" in report["command"]
     assert "Reproduce with the same seed" in summary
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,6 +60,10 @@ def test_a_busy_thread_shows_under_its_role_and_under_ended_once_gone() -> None:
     alive = thread_cpu_s()
     release.set()
     thread.join()
+    task = Path(f"/proc/self/task/{thread.native_id}")
+    deadline = time.monotonic() + 10
+    while task.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # join() returns before the kernel has reaped the thread
     gone = thread_cpu_s()
     assert alive["writers"] - before["writers"] >= 0.25
     assert gone["writers"] < alive["writers"] - 0.2  # the thread left the live ones...
