@@ -2,9 +2,9 @@
 
 :func:`thread_cpu_s` reads the CPU time of every live thread of this process
 from ``/proc/self/task`` (each thread's ``schedstat``: Linux; elsewhere it
-returns nothing) and adds it up
-by :data:`ROLES`, named from the thread's Python name (or, for threads that
-Python did not start, such as gRPC's C-core threads, the kernel's name).
+returns nothing) and adds it up by :data:`ROLES`, named from the thread's
+Python name (or, for threads that Python did not start, such as gRPC's
+C-core threads, the kernel's name).
 Threads that ended before the reading are one more role, ``ended``: the
 process's CPU less that of its live threads. The consumer reports a reading
 at every mark (:mod:`benchmarks.consumer`); a phase's share of each role is

@@ -45,9 +45,9 @@ KILLS_BOTH_SEED = 2
 """A seed whose kills (6 a minute, two workers) strike w0 at 7.2 s and w1 at 12.8 s."""
 
 
-def short_run(*extra: str) -> list[str]:
-    """The CI run's command line, with ``extra`` arguments."""
-    return ["--short", "--seed", str(CI_SEED), "--json", "-", *extra]
+def short_run(*extra: str, seed: int = CI_SEED) -> list[str]:
+    """The CI run's command line (another ``seed`` if given), with ``extra`` arguments."""
+    return ["--short", "--seed", str(seed), "--json", "-", *extra]
 
 
 @pytest.fixture
@@ -115,11 +115,11 @@ def test_the_same_run_without_the_fence_reports_doubled_writes_and_the_seed(
     for seed in (CI_SEED, CI_SEED + 1):
         # A lower time limit: a store without a fence can also leave a job stuck for good.
         (options,) = parse_args(
-            [
-                *("--short", "--seed", str(seed), "--json", "-", "--unfenced", "--off", "all"),
-                *("--rate", "isolate=6", "--time-limit", "90", "--jobs", "800"),
-                *("--publish-rate", "28"),
-            ]
+            short_run(
+                *("--unfenced", "--off", "all", "--rate", "isolate=6", "--time-limit", "90"),
+                *("--jobs", "800", "--publish-rate", "28"),
+                seed=seed,
+            )
         )
         report = run_chaos(options, emulators=emulators, out=progress)
         figures = report["figures"]
