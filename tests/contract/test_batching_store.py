@@ -34,9 +34,13 @@ T = TypeVar("T")
 def lingering(
     firestore_client: Any, firestore_collection: str
 ) -> Iterator[BatchingFirestoreJobStore]:
-    """One batch in flight, held open 200 ms: concurrent writes surely share one."""
+    """One batch in flight, held open 1 s: concurrent writes surely share one.
+
+    200 ms once let one of ten threads, started late on a loaded machine,
+    miss the batch.
+    """
     store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, linger_s=0.2
+        firestore_client, firestore_collection, max_in_flight=1, linger_s=1.0
     )
     yield store
     store.close()
