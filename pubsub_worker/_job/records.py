@@ -172,10 +172,14 @@ def check_step_name(name: str) -> None:
         )
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+"""A step result's encoder, made once (``json.dumps`` with options makes one per call)."""
+
+
 def encode(step: str, value: Any) -> str:
     """The JSON text of a step result; :class:`PermanentError` when it is not JSON or too big."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise PermanentError(f"the result of step {step!r} is not JSON: {exc}") from exc
     if len(text.encode()) > MAX_RESULT_BYTES:

@@ -87,15 +87,17 @@ class MemoryJobStore:
             )
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
+        copied: dict[str, Any] = _copy(dict(fields))  # outside the lock: callers queue on it
         with self._lock:
             if doc_id in self._docs:
                 raise AlreadyExists(doc_id)
-            return self._put(doc_id, _copy(dict(fields)))
+            return self._put(doc_id, copied)
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
+        values = {path: _copy(value) for path, value in changes.items()}
         with self._lock:
             self._check(doc_id, expected)
-            return self._put(doc_id, _changed(self._docs[doc_id][0], changes))
+            return self._put(doc_id, _changed(self._docs[doc_id][0], values))
 
     def transact(
         self,
@@ -125,7 +127,7 @@ class MemoryJobStore:
                 check(doc_id, expected)
             transaction = MemoryTransaction(self)
             result = body(transaction)
-            job_changes = changes(result)
+            job_changes = {path: _copy(value) for path, value in changes(result).items()}
             with self._lock:
                 check(doc_id, expected)
                 if any(self._version(d) != v for d, v in transaction.reads.items()):
@@ -263,10 +265,11 @@ class MemoryTransaction:
 def _changed(fields: dict[str, Any], changes: Changes) -> dict[str, Any]:
     """A copy of ``fields`` with ``changes`` applied; ``fields`` is left as it was.
 
-    Only the maps along each changed path are copied (and the new values, deeply):
-    the rest is shared with ``fields``, which is safe because a stored document is
-    never changed in place (:meth:`MemoryJobStore.get` hands out deep copies). A
-    whole-document deep copy per write was most of this store's cost.
+    Only the maps along each changed path are copied: the rest is shared with
+    ``fields``, which is safe because a stored document is never changed in
+    place (:meth:`MemoryJobStore.get` hands out deep copies). A whole-document
+    deep copy per write was most of this store's cost. The new values are
+    stored as given: the caller copies them first, outside the store's lock.
     """
     result = dict(fields)
     fresh: set[int] = {id(result)}  # maps copied for this change, safe to write into
@@ -281,5 +284,5 @@ def _changed(fields: dict[str, Any], changes: Changes) -> dict[str, Any]:
             fresh.add(id(child))
             target[name] = child
             target = child
-        target[path[-1]] = _copy(value)
+        target[path[-1]] = value
     return result

@@ -85,6 +85,30 @@ def test_a_read_carries_server_times_that_order_the_writes(store: JobStore) -> N
     assert second.read_time >= second.update_time
 
 
+def test_what_a_caller_wrote_or_read_is_not_the_stored_document(store: JobStore) -> None:
+    """Changing a dict after writing it, or one a read returned, changes nothing stored."""
+    attributes = {"a": "1"}
+    outbox = {"e1": {"topic": "t", "attributes": attributes}}
+    tags = ["x"]
+    v1 = store.create("job-c", {"epoch": 1, "outbox": outbox, "tags": tags})
+    attributes["a"] = "changed"
+    tags.append("y")
+    step: dict[str, Any] = {"result": "1", "epoch": 1}
+    v2 = store.update("job-c", {("steps", "s"): step}, expected=v1)
+    step["result"] = "changed"
+    read = store.get("job-c")
+    assert read is not None
+    read.fields["steps"]["s"]["epoch"] = 99
+    read.fields["outbox"]["e1"]["attributes"].clear()
+    assert store.update("job-c", {("epoch",): 2}, expected=v2) is not None
+    again = store.get("job-c")
+    assert again is not None
+    assert again.fields["outbox"] == {"e1": {"topic": "t", "attributes": {"a": "1"}}}
+    assert again.fields["tags"] == ["x"]
+    assert again.fields["steps"] == {"s": {"result": "1", "epoch": 1}}
+    assert again.fields["epoch"] == 2
+
+
 def test_get_of_a_missing_document_is_none(store: JobStore) -> None:
     assert store.get("nothing-here") is None
 
