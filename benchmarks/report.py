@@ -247,10 +247,23 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"at {options['rate']:g}/s (latency: publish time to ack answered) and "
         f"{options['lone']} one at a time (lone). Fixed setup: flow control "
         f"`max_messages={options['concurrency']}` and as many callback threads. Each consumer "
-        f"in its own process. A warm-up run per scenario, then {options['repeats']} "
-        "repeat(s), interleaved, order rotated; medians, (min-max) over repeats; each ratio "
-        "is taken within a repeat against the stock EOD client with the same setup.",
+        f"in its own process. {_settled(report)}A warm-up run per scenario, then "
+        f"{options['repeats']} repeat(s), interleaved, order rotated; medians, (min-max) over "
+        "repeats; each ratio is taken within a repeat against the stock EOD client with the "
+        "same setup.",
     ]
+
+
+def _settled(report: dict[str, Any]) -> str:
+    """How the emulators settled before the warm-ups (their JIT), as a sentence; "" if not."""
+    costs: list[float] = report.get("settling") or []
+    if not costs:
+        return ""
+    figures = ", ".join(f"{c:.2f}" for c in costs)
+    return (
+        f"First {len(costs)} discarded run(s) of `wrapped-1` settled the emulators (the "
+        f"Firestore emulator's CPU per message, run by run: {figures} ms). "
+    )
 
 
 def _main_table(report: dict[str, Any]) -> list[str]:

@@ -3,8 +3,12 @@
 One session starts the real emulators and runs every chosen scenario (see
 :mod:`benchmarks.scenarios`) ``--repeats`` times, interleaved, with the order
 rotated each repeat, so that whatever else the machine does hits all of them
-alike; a discarded warm-up run of each scenario comes first (the emulators'
-JIT makes first runs slower). One run (:mod:`benchmarks.fleet`) gets a fresh
+alike. First the emulators settle: fresh, their JIT makes a Firestore write
+cost several times the CPU it costs a few thousand writes later (5.9 ms per
+message on a fresh emulator, 0.8-1.1 once warm, in runs of 2026-12-03), so
+discarded runs of ``wrapped-1`` come first until that figure changes by less
+than :data:`SETTLED` from one run to the next (``--settle``, at most 8); then
+a discarded warm-up run of each scenario. One run (:mod:`benchmarks.fleet`) gets a fresh
 topic and subscription, publishes its backlog, starts the scenario's
 consumer processes and measures the phases; a stalled run ends at its bound
 and is reported, never waited for.
@@ -46,6 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "pubsub-worker-bench"
 PAYLOAD_BYTES = 256
 PROFILE_ROUND = -1
+SETTLE_SCENARIO = "wrapped-1"
+"""The scenario whose discarded runs settle the emulators: it drives both."""
+SETTLED = 0.15
+"""The emulators are settled when the Firestore emulator's CPU per message changed by less."""
 """The repeat number of the profile round's runs."""
 
 
@@ -73,6 +81,8 @@ class Options:
     firestore_rtt_ms: float = FIRESTORE_RTT_MS
     """Added to every Firestore round trip of the delayed scenarios (group ``latency``)."""
     pubsub_rtt_ms: float = PUBSUB_RTT_MS
+    settle: int = 0
+    """At most this many discarded runs of :data:`SETTLE_SCENARIO` first; 0: none."""
     """Added to every Pub/Sub round trip of the delayed scenarios."""
 
 
@@ -109,6 +119,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--warmup",
         type=int,
         help="messages of one discarded warm-up run per scenario (default 600; quick 150)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=int,
+        help=f"at most this many discarded runs of {SETTLE_SCENARIO} before the warm-ups, "
+        "until the Firestore emulator's CPU per message settles (its JIT; default 8, "
+        "quick 0; none when no chosen scenario uses Firestore)",
     )
     parser.add_argument(
         "--stall",
@@ -206,12 +223,19 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         profiles=path(args.profiles),
         firestore_rtt_ms=args.firestore_rtt_ms,
         pubsub_rtt_ms=args.pubsub_rtt_ms,
+        settle=max(pick(args.settle, 8, 0), 0),
     )
 
 
 def _py_spy_path() -> str | None:
     beside = Path(sys.executable).with_name("py-spy")
     return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def settled(costs: Sequence[float]) -> bool:
+    """Whether the last two runs' Firestore emulator CPU per message differ by less than
+    :data:`SETTLED` (of the earlier one)."""
+    return len(costs) > 1 and costs[-2] > 0 and abs(costs[-1] / costs[-2] - 1) < SETTLED
 
 
 class _Progress:
@@ -297,6 +321,7 @@ class _Session:
         self.publisher = Publisher(PAYLOAD_BYTES)
         self.runs: list[dict[str, Any]] = []
         self.warmups: list[dict[str, Any]] = []  # discarded, but a stall there is a stall
+        self.settling: list[float] = []  # the Firestore emulator's CPU ms per message, by run
         self.profiled: dict[str, dict[str, Any]] = {}  # the profile round, not in the figures
         self.proxies: DelayProxies | None = None  # started for the first delayed scenario
 
@@ -318,9 +343,18 @@ class _Session:
         Repeat -1 is its run in the profile round: py-spy attached, no latency phases.
         """
         options, scenario = self.options, SCENARIOS[name]
-        warm, profiled = repeat == 0, repeat == PROFILE_ROUND
-        label = f"warmup-{name}" if warm else f"profile-{name}" if profiled else f"r{repeat}-{name}"
-        backlog = options.warmup if warm else options.messages
+        settling = repeat < PROFILE_ROUND
+        warm, profiled = repeat == 0 or settling, repeat == PROFILE_ROUND
+        label = (
+            f"settle{len(self.settling) + 1}-{name}"
+            if settling
+            else f"warmup-{name}"
+            if warm
+            else f"profile-{name}"
+            if profiled
+            else f"r{repeat}-{name}"
+        )
+        backlog = options.messages if settling else options.warmup if warm else options.messages
         plan = Plan(
             scenario=scenario,
             label=label,
@@ -341,7 +375,9 @@ class _Session:
         t0 = time.monotonic()
         raw = run_once(plan, self.emu, self.publisher, self.admin, self.progress.phase)
         raw.update(scenario=name, repeat=repeat, label=label, backlog=plan.backlog)
-        prefix = "warm-up " if warm else "profiled " if profiled else f"r{repeat} "
+        prefix = (
+            "settling " if settling else "warm-up " if warm else "profiled " if profiled else ""
+        ) or f"r{repeat} "
         self.progress.end(prefix + _line(name, raw, time.monotonic() - t0))
         return raw
 
@@ -380,10 +416,32 @@ class _Session:
             return []
         return [n for n in PROFILED if n in self.options.scenarios]
 
+    def settle(self) -> None:
+        """Discarded runs of :data:`SETTLE_SCENARIO` until the emulators' JIT has settled.
+
+        Settled: the Firestore emulator's CPU per message changed by less than
+        :data:`SETTLED` from the run before. None when no chosen scenario uses
+        Firestore (the stock client's alone), and at most ``--settle`` runs.
+        """
+        if not any(not SCENARIOS[n].stock for n in self.options.scenarios):
+            return
+        for _ in range(self.options.settle):
+            self.progress.add(1)
+            raw = self.one(SETTLE_SCENARIO, PROFILE_ROUND - 1)
+            if not raw["ok"]:
+                return
+            backlog = raw["phases"]["backlog"]
+            cost = backlog["firestore_emulator_s"] * 1000 / max(backlog["messages"], 1)
+            self.settling.append(cost)
+            _say(f"  the Firestore emulator: {cost:.2f} ms of CPU per message")
+            if settled(self.settling):
+                return
+
     def all(self) -> None:
-        """Warm-ups, then the repeats, each in a rotated order."""
+        """Settling, warm-ups, then the repeats, each in a rotated order."""
         names = self.options.scenarios
         try:
+            self.settle()
             if self.options.warmup:
                 self.warmups += [self.one(name, 0) for name in names]
             for repeat in range(1, self.options.repeats + 1):
@@ -478,6 +536,7 @@ def session_report(options: Options, emu: Any, sdk_root: Path | None = None) -> 
         "summary": summarize(session.runs, options.scenarios, options.concurrency),
         "runs": session.runs,
         "warmups": session.warmups,
+        "settling": session.settling,
         "profiled": session.profiled,
     }
 

@@ -28,7 +28,8 @@ def report(emulators: Emulators) -> dict[str, Any]:
     options = parse_args(
         [
             *("--scenarios", "latency", "--messages", "12", "--paced", "6", "--rate", "20"),
-            *("--lone", "2", "--warmup", "0", "--repeats", "1", "--profiles", "-"),
+            *("--lone", "2", "--warmup", "0", "--settle", "0", "--repeats", "1"),
+            *("--profiles", "-"),
             *("--firestore-rtt-ms", str(FIRESTORE_RTT_MS), "--pubsub-rtt-ms", str(PUBSUB_RTT_MS)),
             *("--markdown", "-", "--json", "-", "--plot", "-"),
         ]

@@ -72,10 +72,9 @@ def test_the_targets_judge_throughput_at_the_defaults_and_the_added_latency() ->
     assert wrapped["measured"] == "96% (95-96)"
     assert run["met"] is False
     assert run["measured"] == "60%"
-    assert run["stands"] == (
-        "`run-1-rtt`: 10 callback threads, each busy 40.0 ms per message: at most 250 msg/s; "
-        "20 flow-control slots, each held 60.0 ms from receipt to the ack's answer: at most "
-        "333; measured 144"
+    assert run["stands"] == (  # run()'s callback threads are not timed: no thread bound
+        "`run-1-rtt`: 20 flow-control slots, each held 60.0 ms from receipt to the ack's "
+        "answer: at most 333; measured 144"
     )
     assert "<= two Firestore round trips + 2 ms (22 ms)" in latency["target"]
     assert latency["met"] is False  # run() adds 30 ms
@@ -83,6 +82,24 @@ def test_the_targets_judge_throughput_at_the_defaults_and_the_added_latency() ->
         "`wrapped-1-default-rtt` 18.0 ms (p99 30.0; a Firestore RPC answered in 11.0 ms)"
     )
     assert latency["stands"].startswith("lone `run-1-rtt`: 50.0 ms from its callback's start")
+
+
+def test_a_missed_target_names_the_machine_s_bound_when_the_cpu_figures_are_there() -> None:
+    runs = [*RUNS[:3], *(_run(NAMES[1], n, rate, 120.0, 170.0) for n, rate in [(1, 150.0)])]
+    report = _report(runs)
+    report["machine"] = {"cpus": 2}
+    row = report["summary"][NAMES[1]]
+    row["cpu_ms_per_msg"] = {"consumer": 2.5, "firestore_emulator": 4.5, "pubsub_emulator": 1.0}
+    row["other_load_cores"], row["machine_busy"] = 0.4, 0.85
+    wrapped = latency_targets(report)[0]
+    assert wrapped["met"] is False
+    assert wrapped["stands"] == (
+        "`wrapped-1-default-rtt`: 10 callback threads, each busy 40.0 ms per message: at most "
+        "250 msg/s; 1000 flow-control slots, each held 60.0 ms from receipt to the ack's "
+        "answer: at most 16,667; the machine: 8.0 ms of CPU per message in the consumer and "
+        "both emulators (2.5 + 4.5 + 1.0), 1.60 of its 2 cores left by other work: at most "
+        "200 (85% busy); measured 150"
+    )
 
 
 def test_the_targets_are_not_judged_without_their_scenarios() -> None:

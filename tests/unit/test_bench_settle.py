@@ -1,0 +1,59 @@
+"""When the emulators count as settled before a benchmark session's warm-ups (no emulator)."""
+
+from __future__ import annotations
+
+from benchmarks.report import render_markdown
+from benchmarks.run import parse_args, settled
+
+
+def test_settled_once_two_runs_in_a_row_cost_the_emulator_within_15_percent() -> None:
+    assert not settled([])
+    assert not settled([5.9])  # one run compares with nothing
+    assert not settled([5.9, 3.2])  # the JIT still at work
+    assert not settled([5.9, 3.2, 1.2])
+    assert settled([5.9, 3.2, 1.2, 1.1])
+    assert settled([1.0, 1.14])  # either way
+    assert not settled([1.0, 1.16])
+    assert not settled([0.0, 0.0])  # no figure to compare with
+
+
+def test_a_full_run_settles_at_most_8_times_a_quick_one_not_at_all() -> None:
+    assert parse_args([]).settle == 8
+    assert parse_args(["--quick"]).settle == 0
+    assert parse_args(["--settle", "3"]).settle == 3
+    assert parse_args(["--settle", "-1"]).settle == 0
+
+
+def test_the_report_says_how_the_emulators_settled() -> None:
+    report = _report([5.94, 3.2, 1.13, 1.07])
+    assert (
+        "First 4 discarded run(s) of `wrapped-1` settled the emulators (the Firestore "
+        "emulator's CPU per message, run by run: 5.94, 3.20, 1.13, 1.07 ms). A warm-up run"
+    ) in render_markdown(report)
+    assert "settled the emulators" not in render_markdown(_report([]))
+
+
+def _report(settling: list[float]) -> dict[str, object]:
+    return {
+        "command": "python -m benchmarks.run",
+        "date": "2026-12-03T08:00:00+00:00",
+        "duration_s": 60.0,
+        "machine": {"cpus": 2, "cpu_model": "x", "python": "3.11", "platform": "linux"},
+        "versions": {},
+        "code": "commit abc",
+        "options": {
+            "messages": 1500,
+            "paced": 200,
+            "rate": 100.0,
+            "lone": 20,
+            "concurrency": 10,
+            "repeats": 5,
+        },
+        "scenarios": {},
+        "summary": {},
+        "runs": [],
+        "warmups": [],
+        "settling": settling,
+        "profiled": {},
+        "targets": [],
+    }
