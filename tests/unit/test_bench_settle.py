@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from benchmarks.report import render_markdown
-from benchmarks.run import parse_args, settled
+from benchmarks.run import parse_args, settle_emulators, settled
 
 
-def test_settled_once_two_runs_in_a_row_cost_the_emulator_within_15_percent() -> None:
+def test_settled_once_three_runs_in_a_row_cost_the_emulator_within_15_percent() -> None:
     assert not settled([])
-    assert not settled([5.9])  # one run compares with nothing
-    assert not settled([5.9, 3.2])  # the JIT still at work
-    assert not settled([5.9, 3.2, 1.2])
-    assert settled([5.9, 3.2, 1.2, 1.1])
-    assert settled([1.0, 1.14])  # either way
-    assert not settled([1.0, 1.16])
-    assert not settled([0.0, 0.0])  # no figure to compare with
+    assert not settled([1.0, 1.0])  # two runs are not enough
+    assert not settled([11.2, 6.9, 5.9])  # a step of 15% is still a step
+    assert not settled([11.2, 6.9, 5.9, 3.4, 1.7, 1.6])
+    assert settled([11.2, 6.9, 5.9, 3.4, 1.7, 1.6, 1.8])
+    assert settled([1.0, 1.14, 1.07])
+    assert not settled([1.0, 1.16, 1.07])  # highest over lowest
+    assert not settled([0.0, 0.0, 0.0])  # no figure to compare
+
+
+def test_settling_stops_once_settled_at_a_failed_run_or_at_the_limit() -> None:
+    def runs(*costs: float | None) -> Callable[[], float | None]:
+        figures = iter(costs)
+        return lambda: next(figures)
+
+    jit = (11.2, 6.9, 5.9, 3.4, 1.7, 1.6, 1.8, 9.9)
+    assert settle_emulators(runs(*jit), 8) == [11.2, 6.9, 5.9, 3.4, 1.7, 1.6, 1.8]
+    assert settle_emulators(runs(*jit), 4) == [11.2, 6.9, 5.9, 3.4]
+    assert settle_emulators(runs(11.2, None, 1.0), 8) == [11.2]
+    assert settle_emulators(runs(), 0) == []
 
 
 def test_a_full_run_settles_at_most_8_times_a_quick_one_not_at_all() -> None:
