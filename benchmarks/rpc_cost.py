@@ -8,7 +8,7 @@ twice each, alternating:
   (proto-plus request, ``api_core``'s retry and timeout layers), as the
   batching store sent them before;
 - ``raw``: the raw request on the client's gRPC channel, as the batching
-  store sends them now (:func:`pubsub_worker.stores._batcher._batch_write_call`);
+  store sends them now (:func:`pubsub_worker.stores._batch_rpc.batch_write_call`);
 - ``raw-future``: the same through the stub's ``future()`` and a done-callback
   (the RPC answered on gRPC's thread), a design the store does not use;
 - ``write-stream``: Firestore's bidirectional ``Write`` stream, opened once,
@@ -48,12 +48,12 @@ __all__ = ["main"]
 def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
     from google.cloud.firestore_v1.types import firestore as firestore_types  # noqa: PLC0415
 
-    from pubsub_worker.stores._batcher import _batch_write_call  # noqa: PLC0415
+    from pubsub_worker.stores._batch_rpc import batch_write_call  # noqa: PLC0415
 
     api, database = client._firestore_api, client._database_string
     wrapped = firestore_types.BatchWriteRequest
     raw_request = wrapped.pb()
-    call, metadata = _batch_write_call(client)
+    call, metadata = batch_write_call(client)
 
     def generated(writes: list[Any]) -> Any:
         request = wrapped.wrap(raw_request(database=database, writes=writes))

@@ -312,6 +312,27 @@ _ALL: tuple[Scenario, ...] = (
         for slots in (4, 8)
     ),
     Scenario(
+        "wrapped-1-default-rtt-fixed-2",
+        "wrapped",
+        "`exactly_once`, 1 step, client defaults, production round trips, BatchWrite, "
+        "2 batches in flight, none more for slow round trips",
+        baseline="stock-eod-default-rtt",
+        steps=1,
+        subscribe="default",
+        latency=True,
+        delayed=True,
+        store="batched",
+        batching={"slow_in_flight": 2},
+    ),
+    Scenario(
+        "wrapped-1-fixed-2",
+        "wrapped",
+        "`exactly_once`, 1 step, BatchWrite, 2 batches in flight, none more for slow round trips",
+        steps=1,
+        store="batched",
+        batching={"slow_in_flight": 2},
+    ),
+    Scenario(
         "wrapped-1-batched-linger",
         "wrapped",
         "`exactly_once`, 1 step, BatchWrite, 1 ms linger",
@@ -349,6 +370,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "stores": (
         *("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-4"),
         *("wrapped-1-batched-linger", "stock-eod-c100", "wrapped-1-c100-batched-4"),
+        "wrapped-1-fixed-2",
     ),
     "latency": (
         *("stock-eod-default-rtt", "wrapped-1-default-rtt", "run-1-rtt"),

@@ -4,7 +4,8 @@ Under load a worker has many jobs in flight, each waiting on its own claim
 (``create``) or commit (``update``). :class:`BatchingFirestoreJobStore`
 hands those writes to a :class:`~pubsub_worker.stores._batcher.WriteBatcher`,
 which sends them together in one ``BatchWrite`` RPC (group commit), at most
-``max_in_flight`` batches at a time, each of at most ``max_batch`` writes
+``max_in_flight`` batches at a time (more, up to ``slow_in_flight``, while
+the RPCs in flight are slow), each of at most ``max_batch`` writes
 and ``max_batch_bytes`` of serialized request (4 MB by default). At low load
 a batch holds one write and nothing waits for a timer or another thread.
 
@@ -24,7 +25,7 @@ Reads and transactions are not batched.
 
 Writes are built as raw protobufs (:mod:`pubsub_worker.stores._writes`) and
 sent as a raw ``BatchWrite`` request on the client's own gRPC channel
-(:mod:`pubsub_worker.stores._batcher`); what that saves is measured in
+(:mod:`pubsub_worker.stores._batch_rpc`); what that saves is measured in
 ``docs/benchmarks.md``.
 """
 
@@ -40,7 +41,6 @@ from google.cloud import firestore
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 
 from ._batcher import IDLE_EXIT_S, WriteBatcher
-from ._batcher import _batch_write_call as _batch_write_call  # noqa: PLC0414 (its old home)
 from ._writes import create_write, update_write
 from .base import WRITE_ID, Changes, Version
 from .firestore import FirestoreJobStore
@@ -54,7 +54,8 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
     The store ``exactly_once`` builds by default. Same documents, same
     semantics, one write at a time as seen by each caller; ``get`` and
     ``transact`` are the parent's. ``max_batch``, ``max_in_flight``,
-    ``linger_s`` and ``max_batch_bytes`` tune the :class:`WriteBatcher`;
+    ``slow_in_flight``, ``slow_after_s``, ``linger_s`` and ``max_batch_bytes``
+    tune the :class:`WriteBatcher`;
     the defaults are the ones that measured best (``docs/benchmarks.md``).
     """
 
@@ -67,6 +68,8 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         retry_deadline_s: float = 30.0,
         max_batch: int = 100,
         max_in_flight: int = 2,
+        slow_in_flight: int = 4,
+        slow_after_s: float = 0.005,
         linger_s: float = 0.0,
         max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
     ) -> None:
@@ -80,6 +83,8 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
             rpc_timeout_s=rpc_timeout_s,
             max_batch=max_batch,
             max_in_flight=max_in_flight,
+            slow_in_flight=slow_in_flight,
+            slow_after_s=slow_after_s,
             linger_s=linger_s,
             max_batch_bytes=max_batch_bytes,
             idle_exit_s=IDLE_EXIT_S,  # this module's, read when the store is built

@@ -21,6 +21,7 @@ from emulator import Emulators, TcpProxy
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 from pubsub_worker.stores import batching
+from pubsub_worker.stores._batch_rpc import batch_write_call
 from pubsub_worker.stores._writes import create_write, framed_bytes
 from pubsub_worker.stores.base import AlreadyExists, Version, VersionConflict
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
@@ -40,7 +41,7 @@ def lingering(
     miss the batch.
     """
     store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, linger_s=1.0
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1, linger_s=1.0
     )
     yield store
     store.close()
@@ -232,7 +233,9 @@ def test_an_idle_flusher_ends_and_the_next_write_starts_another(
     firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batching, "IDLE_EXIT_S", 0.2)
-    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
+    )
     try:
         # One slot: writes that arrive while a batch is in flight wait for a flusher.
         _together([partial(store.create, f"one-{i}", {"epoch": 1}) for i in range(8)])
@@ -332,7 +335,9 @@ def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
     firestore_client: Any, firestore_collection: str
 ) -> None:
     """A flusher woken with no slot free would find nothing to send: a freed slot wakes one."""
-    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
+    )
     batcher = store.batcher
     batcher._cond = condition = _CountingCondition()
     first_sent, release = threading.Event(), threading.Event()
@@ -366,9 +371,114 @@ def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
         store.close()
 
 
+class _HeldSends:
+    """Replaces a batcher's ``_send``: records when each batch went, holds each until released."""
+
+    def __init__(self, batcher: Any) -> None:
+        self._send = batcher._send
+        self.sent_at: list[float] = []
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        batcher._send = self
+
+    def __call__(self, batch: list[Any]) -> None:
+        with self._lock:
+            self.sent_at.append(time.monotonic())
+        self.release.wait(10)
+        self._send(batch)
+
+    def wait_for(self, count: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.sent_at) < count:
+            assert time.monotonic() < deadline, f"{len(self.sent_at)} of {count} batches sent"
+            time.sleep(0.005)
+
+
+def test_a_slow_batch_in_flight_opens_one_more_slot_after_slow_after_s_up_to_slow_in_flight(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """At long round trips a write waits ``slow_after_s`` for a slot, not a whole round trip."""
+    store = BatchingFirestoreJobStore(
+        firestore_client,
+        firestore_collection,
+        max_in_flight=1,
+        slow_in_flight=3,
+        slow_after_s=1.0,
+    )
+    held = _HeldSends(store.batcher)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(store.create, "w0", {"epoch": 1})]
+            held.wait_for(1)
+            futures.append(pool.submit(store.create, "w1", {"epoch": 1}))
+            time.sleep(0.3)
+            assert len(held.sent_at) == 1  # the one slot busy, its batch not slow yet
+            held.wait_for(2)
+            futures.append(pool.submit(store.create, "w2", {"epoch": 1}))
+            held.wait_for(3)
+            # Each slow slot opened once the youngest batch in flight had been out 1 s.
+            assert held.sent_at[1] - held.sent_at[0] >= 1.0
+            assert held.sent_at[2] - held.sent_at[1] >= 1.0
+            futures.append(pool.submit(store.create, "w3", {"epoch": 1}))
+            time.sleep(1.5)
+            assert len(held.sent_at) == 3  # slow_in_flight: no fourth batch, however slow
+            held.release.set()
+            for future in futures:
+                future.result(timeout=20)
+        assert store.batcher.batches == 4
+        for i in range(4):
+            assert store.get(f"w{i}") is not None
+    finally:
+        held.release.set()
+        store.close()
+
+
+def test_writes_waiting_for_a_slow_slot_wake_one_flusher_and_no_more(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """Once a flusher waits for the slow slot to open, later writes wake nobody."""
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=2, slow_after_s=5.0
+    )
+    batcher = store.batcher
+    batcher._cond = condition = _CountingCondition()
+    held = _HeldSends(batcher)
+
+    def until(check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            held.wait_for(1)
+            queued = [pool.submit(store.create, "queued-0", {"epoch": 1})]
+            until(lambda: batcher._timed)  # a flusher waits for the slow slot to open
+            woken = condition.notified
+            assert woken >= 1
+            queued += [pool.submit(store.create, f"queued-{i}", {"epoch": 1}) for i in range(1, 5)]
+            until(lambda: len(batcher._queue) == 5)
+            assert condition.notified == woken  # four more writes, no flusher woken for them
+            assert len(held.sent_at) == 1  # and none sent: the slot opens after 5 s
+            held.release.set()
+            for future in (first, *queued):
+                future.result(timeout=20)
+        assert len(held.sent_at) <= 3
+    finally:
+        held.release.set()
+        store.close()
+
+
+def test_slow_slots_are_refused_a_non_positive_wait(firestore_client: Any) -> None:
+    with pytest.raises(ValueError, match="slow_after_s"):
+        batching.WriteBatcher(firestore_client, slow_after_s=0)
+
+
 def test_batch_write_sends_the_metadata_of_the_generated_client(firestore_client: Any) -> None:
     """The raw request carries what the generated client adds: prefix, routing, client info."""
-    _, metadata = batching._batch_write_call(firestore_client)
+    _, metadata = batch_write_call(firestore_client)
     headers = dict(metadata)
     database = firestore_client._database_string
     assert headers["google-cloud-resource-prefix"] == database
@@ -452,7 +562,9 @@ def test_queued_writes_over_the_byte_cap_are_split_across_requests_each_under_it
     firestore_client: Any, firestore_collection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """20 writes of 250 KiB (5.1 MB) queued behind one in flight: no request over the cap."""
-    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, max_in_flight=1)
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
+    )
     queued = 20
     sent = _recorded_requests(store.batcher, monkeypatch, held_until_queued=queued).sent
     result = "r" * (250 * 1024)
@@ -487,7 +599,11 @@ def test_a_write_over_the_byte_cap_goes_alone_and_keeps_its_place(
     """Writes that fit go on without it; it goes next, alone; those that did not fit follow."""
     cap = 64 * 1024
     store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, max_batch_bytes=cap
+        firestore_client,
+        firestore_collection,
+        max_in_flight=1,
+        slow_in_flight=1,
+        max_batch_bytes=cap,
     )
     small, big = "s" * 10_000, "b" * 100_000
     names = ["a0", "a1", "a2", "a3", "big", "b0", "b1", "b2", "b3"]
@@ -526,7 +642,11 @@ def test_a_write_left_for_its_size_is_not_overtaken_by_a_later_write_to_its_docu
 ) -> None:
     """Two creates of one document: the first queued wins, though it waited for room."""
     store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, max_batch_bytes=64 * 1024
+        firestore_client,
+        firestore_collection,
+        max_in_flight=1,
+        slow_in_flight=1,
+        max_batch_bytes=64 * 1024,
     )
     recorded = _recorded_requests(store.batcher, monkeypatch, held_until_queued=3)
     sent = recorded.sent

@@ -1,0 +1,89 @@
+"""The raw ``BatchWrite`` RPC: its method on the client's channel, its request, its outcomes.
+
+The request is sent raw on the Firestore client's own gRPC channel, with the
+metadata its generated client sends (resource prefix, routing header, client
+info, the emulator's token), skipping the generated client's wrapped method
+(proto-plus, ``api_core``'s retry and timeout layers, its logging channel);
+``python -m benchmarks.rpc_cost`` measures the difference
+(``docs/benchmarks.md``). ``BatchWrite`` is not atomic: the response carries
+a status and an update time per write, and :func:`outcomes` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from google.api_core import exceptions as gexc
+from google.api_core import gapic_v1
+from google.cloud import firestore
+from google.cloud.firestore_v1.types import firestore as firestore_types
+from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
+
+from .base import Version
+
+__all__ = ["batch_write_call", "failed", "outcomes", "request"]
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_METHOD = "/google.firestore.v1.Firestore/BatchWrite"
+_REQUEST = firestore_types.BatchWriteRequest.pb()
+_RESPONSE = firestore_types.BatchWriteResponse.pb()
+
+Outcome = tuple[Version | None, BaseException | None]
+"""One write's new update time, or its error."""
+
+
+def batch_write_call(client: firestore.Client) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """The ``BatchWrite`` method on the client's gRPC channel, and the metadata to send.
+
+    The channel is the generated client's own (the emulator's, or the one
+    with the project's credentials); the metadata is what its wrapped method
+    adds to ``client._rpc_metadata``: the routing header and the client info.
+    """
+    transport = client._firestore_api._transport
+    call = transport.grpc_channel.unary_unary(
+        _METHOD,
+        request_serializer=_REQUEST.SerializeToString,
+        response_deserializer=_RESPONSE.FromString,
+    )
+    routing = gapic_v1.routing_header.to_grpc_metadata(  # type: ignore[no-untyped-call]
+        (("database", client._database_string),)
+    )
+    info = client._client_info.to_grpc_metadata()
+    return call, (*client._rpc_metadata, routing, info)
+
+
+def request(database: str, writes: Sequence[Any]) -> Any:
+    """A raw ``BatchWriteRequest`` of raw ``Write`` protobufs."""
+    return _REQUEST(database=database, writes=writes)
+
+
+def failed(error: grpc.RpcError) -> BaseException:
+    """The whole RPC's failure as the ``GoogleAPICallError`` each of its writes raises."""
+    return gexc.from_grpc_error(error)  # type: ignore[no-untyped-call, no-any-return]
+
+
+def outcomes(response: Any, count: int) -> list[Outcome]:
+    """Each of the ``count`` writes' outcome, in order, from a raw ``BatchWriteResponse``.
+
+    A write without a status of its own, or with an OK status but no update
+    time, is an ``Unknown`` error: its outcome is not known.
+    """
+    results, statuses = response.write_results, response.status
+    found: list[Outcome] = []
+    for index in range(count):
+        code = statuses[index].code if index < len(statuses) else 0
+        if code == 0 and index < len(results) and results[index].HasField("update_time"):
+            # The class the library's own reads return, so versions compare equal.
+            found.append(
+                (DatetimeWithNanoseconds.from_timestamp_pb(results[index].update_time), None)
+            )
+            continue
+        if code == 0:
+            code, message = grpc.StatusCode.UNKNOWN.value[0], "no update time for the write"
+        else:
+            message = statuses[index].message
+        status = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+        found.append((None, gexc.from_grpc_status(status, message)))  # type: ignore[no-untyped-call]
+    return found
