@@ -345,16 +345,18 @@ class _Session:
         self.proxies: DelayProxies | None = None  # started for the first delayed scenario
 
     def env(self, name: str) -> dict[str, str]:
-        """The consumers' environment over the emulators' own: the delay proxies, if delayed."""
-        if not SCENARIOS[name].delayed:
-            return {}
+        """The consumers' environment over the emulators' own: the scenario's own, and the
+        delay proxies, if delayed."""
+        scenario = SCENARIOS[name]
+        if not scenario.delayed:
+            return scenario.env()
         if self.proxies is None:
             self.proxies = DelayProxies(
                 self.emu,
                 firestore_rtt_ms=self.options.firestore_rtt_ms,
                 pubsub_rtt_ms=self.options.pubsub_rtt_ms,
             )
-        return self.proxies.env()
+        return {**scenario.env(), **self.proxies.env()}
 
     def one(self, name: str, repeat: int) -> dict[str, Any]:
         """One run of ``name``; repeat 0 is its warm-up (no latency phases, no profile).

@@ -86,6 +86,15 @@ class Scenario:
     """The consumers reach both emulators through the session's delay proxies, which add
     production's round trips (``--firestore-rtt-ms``, ``--pubsub-rtt-ms``; see
     :mod:`benchmarks.latency`)."""
+    prefetch: int | None = None
+    """``run()``'s ``PUBSUB_WORKER_PREFETCH_MESSAGES``; None: its default (as many as
+    ``MAX_MESSAGES``)."""
+
+    def env(self) -> dict[str, str]:
+        """What the scenario sets in its consumers' environment."""
+        if self.prefetch is None:
+            return {}
+        return {"PUBSUB_WORKER_PREFETCH_MESSAGES": str(self.prefetch)}
 
     @property
     def stock(self) -> bool:
@@ -96,8 +105,8 @@ class Scenario:
         """Messages the client lets in at once, per process."""
         if self.subscribe == "default":
             return 1000  # FlowControl().max_messages
-        if self.subscribe == "run":
-            return 20  # PUBSUB_WORKER_MAX_MESSAGES' default, and as many prefetched
+        if self.subscribe == "run":  # PUBSUB_WORKER_MAX_MESSAGES' default, and the prefetch
+            return 10 + (10 if self.prefetch is None else self.prefetch)
         return self.concurrency or concurrency
 
     def threads(self, concurrency: int) -> int:
@@ -323,6 +332,17 @@ _ALL: tuple[Scenario, ...] = (
         delayed=True,
         store="batched",
         batching={"slow_in_flight": 2},
+    ),
+    Scenario(
+        "run-1-rtt-prefetch-20",
+        "run",
+        "`pubsub_worker.run()`, 1 step, production round trips, 20 prefetched (30 admitted)",
+        baseline="stock-eod-default-rtt",
+        steps=1,
+        subscribe="run",
+        latency=True,
+        delayed=True,
+        prefetch=20,
     ),
     Scenario(
         "wrapped-1-fixed-2",

@@ -6,6 +6,7 @@ from typing import Any
 
 from benchmarks.latency import added_ms, latency_section, latency_targets
 from benchmarks.report import summarize
+from benchmarks.scenarios import SCENARIOS
 
 NAMES = ("stock-eod-default-rtt", "wrapped-1-default-rtt", "run-1-rtt")
 
@@ -118,3 +119,12 @@ def test_the_section_has_a_row_per_delayed_scenario_and_none_without_them() -> N
     report = _report(RUNS)
     report["summary"] = {"stock-eod": report["summary"][NAMES[0]]}
     assert latency_section(report) == []
+
+
+def test_a_run_scenario_with_a_prefetch_sets_it_in_its_consumers_and_admits_it() -> None:
+    default, more = SCENARIOS["run-1-rtt"], SCENARIOS["run-1-rtt-prefetch-20"]
+    assert default.env() == {}
+    assert default.in_flight(10) == 20  # MAX_MESSAGES' 10, and as many prefetched
+    assert more.env() == {"PUBSUB_WORKER_PREFETCH_MESSAGES": "20"}
+    assert more.in_flight(10) == 30
+    assert (more.delayed, more.baseline) == (True, "stock-eod-default-rtt")
