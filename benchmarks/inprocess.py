@@ -10,6 +10,13 @@ taken out as far as the in-memory store allows. It is the A/B tool for
 changes to the per-message path: run it on the code before and after,
 alternately, and compare medians.
 
+``--threads N`` hands the messages to N callback threads instead, at most N
+at a time (as flow control would), their acks answered by one other thread
+(as the stock client's dispatcher answers them), and runs the stock
+exactly-once callback (``message.ack_with_response().result()``) the same
+way beside it: the wrapper's own Python when callbacks run side by side,
+which costs more than alone (``docs/benchmarks.md``).
+
 ``--profile N`` prints the N functions with the most own time (``cProfile``)
 and the calls per message. Nothing here is a test or a target; the
 benchmark run (:mod:`benchmarks.run`) is where figures against the stock
@@ -22,18 +29,20 @@ import argparse
 import cProfile
 import logging
 import pstats
+import queue
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
 import pubsub_worker
 from pubsub_worker.stores import MemoryJobStore
 
-__all__ = ["main", "run_once"]
+__all__ = ["main", "run_once", "run_threaded"]
 
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
@@ -76,6 +85,49 @@ class _Message:
         return future
 
 
+class _Answerer:
+    """One thread that answers acks, as the stock client's dispatcher does: not the caller's."""
+
+    def __init__(self, expected: int) -> None:
+        self._pending: queue.SimpleQueue[Future[Any] | None] = queue.SimpleQueue()
+        self._left = expected
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._answer, name="bench-acks", daemon=True)
+        self._thread.start()
+
+    def ack_with_response(self) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._pending.put(future)
+        return future
+
+    def _answer(self) -> None:
+        while (future := self._pending.get()) is not None:
+            future.set_result(None)
+            self._left -= 1
+            if not self._left:
+                self.done.set()
+
+    def close(self) -> None:
+        self._pending.put(None)
+        self._thread.join(timeout=10)
+
+
+class _AnsweredMessage(_Message):
+    """A fake message whose ack is answered by the :class:`_Answerer`'s thread."""
+
+    def __init__(self, number: int, answerer: _Answerer) -> None:
+        super().__init__(number)
+        self._answerer = answerer
+
+    def ack_with_response(self) -> Future[Any]:
+        self.acked = True
+        return self._answerer.ack_with_response()
+
+
+def _stock(message: Any) -> None:
+    message.ack_with_response().result()
+
+
 def _publish(topic: str, data: bytes, **attributes: str) -> Future[str]:
     future: Future[str] = Future()
     future.set_result("1")
@@ -114,13 +166,65 @@ def run_once(messages: int, profile: cProfile.Profile | None = None) -> float:
     return spent / messages
 
 
+def run_threaded(messages: int, threads: int, *, wrapped: bool) -> float:
+    """CPU seconds per message with ``threads`` callback threads: the wrapper's or the stock's.
+
+    At most ``threads`` messages are in the callbacks' hands at once (a
+    semaphore, as flow control); each ack is answered by one other thread.
+    """
+    answerer = _Answerer(messages)
+    wrapper: Any = None
+    callback: Callable[[Any], None] = _stock
+    if wrapped:
+        wrapper = pubsub_worker.exactly_once(
+            _handler,
+            settings=pubsub_worker.Settings(
+                subscription=SUBSCRIPTION, key_attribute="op", lease_seconds=60
+            ),
+            store=MemoryJobStore(),
+            publisher=_publish,
+        )
+        wrapper.start(check_subscription=False)
+        callback = wrapper
+    slots = threading.BoundedSemaphore(threads)
+    batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
+
+    def deliver(message: Any) -> None:
+        try:
+            callback(message)
+        finally:
+            slots.release()
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-callback")
+    try:
+        list(pool.map(lambda _: None, range(threads)))  # the threads started, not timed
+        started = time.process_time()
+        for message in batch:
+            slots.acquire()
+            pool.submit(deliver, message)
+        if not answerer.done.wait(120):
+            raise AssertionError("not every ack was answered")
+        spent = time.process_time() - started
+    finally:
+        pool.shutdown()
+        answerer.close()
+        if wrapper is not None:
+            wrapper.close()
+    if not all(message.acked for message in batch):
+        raise AssertionError("a message was not acked")
+    return spent / messages
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.inprocess", description=__doc__)
     parser.add_argument("--messages", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--threads", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
+    if args.threads > 0:
+        return _side_by_side(args.messages, args.threads, args.repeats)
     run_once(min(args.messages, 1000))  # warm-up: imports, caches
     figures = []
     for n in range(args.repeats):
@@ -142,3 +246,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _side_by_side(messages: int, threads: int, repeats: int) -> int:
+    """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
+    run_threaded(min(messages, 1000), threads, wrapped=True)  # warm-up
+    stock: list[float] = []
+    wrapped: list[float] = []
+    for n in range(repeats):
+        stock.append(run_threaded(messages, threads, wrapped=False) * 1000)
+        wrapped.append(run_threaded(messages, threads, wrapped=True) * 1000)
+        print(
+            f"[{n + 1}/{repeats}] stock {stock[-1]:.3f}, wrapped {wrapped[-1]:.3f} ms CPU "
+            "per message",
+            file=sys.stderr,
+        )
+    base, ours = statistics.median(stock), statistics.median(wrapped)
+    print(
+        f"{threads} callback thread(s), {messages} messages, medians of {repeats}: stock "
+        f"{base:.3f} ms, wrapped {ours:.3f} ms CPU per message ({ours / base:.1f}x; the "
+        f"wrapper's own {ours - base:.3f} ms)"
+    )
+    return 0

@@ -1,0 +1,25 @@
+"""``python -m benchmarks.inprocess``: the library's own Python per message, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.inprocess import main, run_once, run_threaded
+
+
+def test_one_thread_acks_every_message_and_reports_cpu() -> None:
+    assert run_once(50) > 0
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_callback_threads_ack_every_message_answered_by_another_thread(wrapped: bool) -> None:
+    # run_threaded raises unless every message was acked and every ack answered
+    assert run_threaded(60, 3, wrapped=wrapped) > 0
+
+
+def test_side_by_side_prints_both_and_the_wrapper_s_own(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--threads", "2", "--messages", "40", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 callback thread(s), 40 messages, medians of 1: stock ")
+    assert "wrapped " in out
+    assert "the wrapper's own " in out
