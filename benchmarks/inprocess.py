@@ -215,6 +215,28 @@ def run_threaded(messages: int, threads: int, *, wrapped: bool) -> float:
     return spent / messages
 
 
+def _side_by_side(messages: int, threads: int, repeats: int) -> int:
+    """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
+    run_threaded(min(messages, 1000), threads, wrapped=True)  # warm-up
+    stock: list[float] = []
+    wrapped: list[float] = []
+    for n in range(repeats):
+        stock.append(run_threaded(messages, threads, wrapped=False) * 1000)
+        wrapped.append(run_threaded(messages, threads, wrapped=True) * 1000)
+        print(
+            f"[{n + 1}/{repeats}] stock {stock[-1]:.3f}, wrapped {wrapped[-1]:.3f} ms CPU "
+            "per message",
+            file=sys.stderr,
+        )
+    base, ours = statistics.median(stock), statistics.median(wrapped)
+    print(
+        f"{threads} callback thread(s), {messages} messages, medians of {repeats}: stock "
+        f"{base:.3f} ms, wrapped {ours:.3f} ms CPU per message ({ours / base:.1f}x; the "
+        f"wrapper's own {ours - base:.3f} ms)"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.inprocess", description=__doc__)
     parser.add_argument("--messages", type=int, default=8000)
@@ -246,25 +268,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _side_by_side(messages: int, threads: int, repeats: int) -> int:
-    """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
-    run_threaded(min(messages, 1000), threads, wrapped=True)  # warm-up
-    stock: list[float] = []
-    wrapped: list[float] = []
-    for n in range(repeats):
-        stock.append(run_threaded(messages, threads, wrapped=False) * 1000)
-        wrapped.append(run_threaded(messages, threads, wrapped=True) * 1000)
-        print(
-            f"[{n + 1}/{repeats}] stock {stock[-1]:.3f}, wrapped {wrapped[-1]:.3f} ms CPU "
-            "per message",
-            file=sys.stderr,
-        )
-    base, ours = statistics.median(stock), statistics.median(wrapped)
-    print(
-        f"{threads} callback thread(s), {messages} messages, medians of {repeats}: stock "
-        f"{base:.3f} ms, wrapped {ours:.3f} ms CPU per message ({ours / base:.1f}x; the "
-        f"wrapper's own {ours - base:.3f} ms)"
-    )
-    return 0
