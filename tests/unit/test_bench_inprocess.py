@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks.inprocess import main, run_once, run_threaded
@@ -23,3 +27,17 @@ def test_side_by_side_prints_both_and_the_wrapper_s_own(capsys: pytest.CaptureFi
     assert out.startswith("2 callback thread(s), 40 messages, medians of 1: stock ")
     assert "wrapped " in out
     assert "the wrapper's own " in out
+
+
+def test_it_runs_as_a_module() -> None:
+    command = [sys.executable, "-m", "benchmarks.inprocess", "--threads", "2"]
+    done = subprocess.run(
+        [*command, "--messages", "30", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 callback thread(s), 30 messages")
