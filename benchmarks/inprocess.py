@@ -138,9 +138,9 @@ def _handler(message: Any, job: pubsub_worker.Job) -> None:
     job.step("one", lambda: 1)
 
 
-def run_once(messages: int, profile: cProfile.Profile | None = None) -> float:
-    """CPU seconds per message for ``messages`` one-step deliveries, each acked."""
-    wrapped = pubsub_worker.exactly_once(
+def _started_wrapper() -> pubsub_worker.ExactlyOnce:
+    """The one-step handler wrapped on a fresh in-memory store, started."""
+    wrapped: pubsub_worker.ExactlyOnce = pubsub_worker.exactly_once(
         _handler,
         settings=pubsub_worker.Settings(
             subscription=SUBSCRIPTION, key_attribute="op", lease_seconds=60
@@ -149,6 +149,12 @@ def run_once(messages: int, profile: cProfile.Profile | None = None) -> float:
         publisher=_publish,
     )
     wrapped.start(check_subscription=False)
+    return wrapped
+
+
+def run_once(messages: int, profile: cProfile.Profile | None = None) -> float:
+    """CPU seconds per message for ``messages`` one-step deliveries, each acked."""
+    wrapped = _started_wrapper()
     batch = [_Message(n) for n in range(messages)]
     try:
         started = time.process_time()
@@ -176,16 +182,7 @@ def run_threaded(messages: int, threads: int, *, wrapped: bool) -> float:
     wrapper: Any = None
     callback: Callable[[Any], None] = _stock
     if wrapped:
-        wrapper = pubsub_worker.exactly_once(
-            _handler,
-            settings=pubsub_worker.Settings(
-                subscription=SUBSCRIPTION, key_attribute="op", lease_seconds=60
-            ),
-            store=MemoryJobStore(),
-            publisher=_publish,
-        )
-        wrapper.start(check_subscription=False)
-        callback = wrapper
+        wrapper = callback = _started_wrapper()
     slots = threading.BoundedSemaphore(threads)
     batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
 

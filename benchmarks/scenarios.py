@@ -140,6 +140,22 @@ def _pair(
     return stock, wrapped
 
 
+def _default_rtt_batched(suffix: str, what: str, **batching: int) -> Scenario:
+    """The client's defaults at production round trips on the batching store, tuned."""
+    return Scenario(
+        f"wrapped-1-default-rtt-{suffix}",
+        "wrapped",
+        f"`exactly_once`, 1 step, client defaults, production round trips, BatchWrite, {what}",
+        baseline="stock-eod-default-rtt",
+        steps=1,
+        subscribe="default",
+        latency=True,
+        delayed=True,
+        store="batched",
+        batching=batching,
+    )
+
+
 _ALL: tuple[Scenario, ...] = (
     # -- core: 10 in flight (the session's --concurrency), 0/1/3 steps
     Scenario(
@@ -305,33 +321,11 @@ _ALL: tuple[Scenario, ...] = (
         batching={"max_in_flight": 4},
     ),
     *(
-        Scenario(
-            f"wrapped-1-default-rtt-batched-{slots}",
-            "wrapped",
-            f"`exactly_once`, 1 step, client defaults, production round trips, BatchWrite, "
-            f"{slots} batches in flight",
-            baseline="stock-eod-default-rtt",
-            steps=1,
-            subscribe="default",
-            latency=True,
-            delayed=True,
-            store="batched",
-            batching={"max_in_flight": slots},
-        )
+        _default_rtt_batched(f"batched-{slots}", f"{slots} batches in flight", max_in_flight=slots)
         for slots in (4, 8)
     ),
-    Scenario(
-        "wrapped-1-default-rtt-fixed-2",
-        "wrapped",
-        "`exactly_once`, 1 step, client defaults, production round trips, BatchWrite, "
-        "2 batches in flight, none more for slow round trips",
-        baseline="stock-eod-default-rtt",
-        steps=1,
-        subscribe="default",
-        latency=True,
-        delayed=True,
-        store="batched",
-        batching={"slow_in_flight": 2},
+    _default_rtt_batched(
+        "fixed-2", "2 batches in flight, none more for slow round trips", slow_in_flight=2
     ),
     Scenario(
         "run-1-rtt-prefetch-20",
