@@ -53,7 +53,7 @@ from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcT
 
 from benchmarks.counting import RpcCounter
 from benchmarks.scenarios import SCENARIOS, Scenario
-from benchmarks.threads import thread_cpu_s
+from benchmarks.threads import thread_cpu_s, thread_switches
 
 __all__ = ["ConsumerConfig", "main"]
 
@@ -366,6 +366,7 @@ class _Consumer:
             peak_rss_mb=_peak_rss_mb(),
             leased_peak=peak,
             threads=thread_cpu_s(),
+            switches=thread_switches(),
         )
 
     def result(self) -> None:

@@ -133,17 +133,23 @@ def phase_stats(
         "pubsub_rpcs_per_msg": sum(pubsub["calls"].values()) / count,
         "consumer_cpu_s": [m.marks[last]["cpu_s"] - m.marks[first]["cpu_s"] for m in members],
         "consumer_cpu_by_thread_s": thread_delta(members, first, last),
+        "consumer_switches_by_thread": thread_delta(members, first, last, "switches"),
         "leased_peak": [m.marks[last]["leased_peak"] for m in members],
         "per_process_msgs": [sum(1 for r in records if r[6] == m.index) for m in members],
     }
 
 
-def thread_delta(members: Sequence[Member], first: str, last: str) -> dict[str, float]:
-    """CPU seconds of the consumers' threads between two marks, by role (all processes)."""
+def thread_delta(
+    members: Sequence[Member], first: str, last: str, reading: str = "threads"
+) -> dict[str, float]:
+    """A reading of the consumers' threads between two marks, by role (all processes).
+
+    ``threads``: CPU seconds; ``switches``: context switches.
+    """
     spent: dict[str, float] = {}
     for member in members:
-        before = member.marks[first].get("threads", {})
-        for role, seconds in member.marks[last].get("threads", {}).items():
+        before = member.marks[first].get(reading, {})
+        for role, seconds in member.marks[last].get(reading, {}).items():
             spent[role] = spent.get(role, 0.0) + seconds - before.get(role, 0.0)
     return spent
 

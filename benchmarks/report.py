@@ -78,6 +78,22 @@ def _thread_cpu_ms(role: str) -> Callable[[Run], float | None]:
     return value
 
 
+def _thread_switches(role: str | None) -> Callable[[Run], float | None]:
+    """A run's context switches of the consumers' threads of ``role`` (None: all), per message."""
+
+    def value(run: Run) -> float | None:
+        phase = backlog(run)
+        counted = phase.get("consumer_switches_by_thread") or {}
+        if not counted:
+            return None
+        found = sum(counted.values()) if role is None else counted.get(role, 0)
+        # A thread alive at the start and gone by the end moves its earlier count out
+        # of its role into "ended": that difference alone may be slightly negative.
+        return max(float(found), 0.0) / float(phase["messages"])
+
+    return value
+
+
 def _rss_per_1000(run: Run) -> float | None:
     """Peak RSS growth per 1,000 messages the client held (None below 100 held: noise)."""
     held = max(backlog(run)["leased_peak"])
@@ -160,6 +176,10 @@ def summarize(
             },
             "cpu_ms_by_thread": {
                 role: _median(_values(good, _thread_cpu_ms(role))) for role in ROLES
+            },
+            "switches_by_thread": {
+                "all": _median(_values(good, _thread_switches(None))),
+                **{role: _median(_values(good, _thread_switches(role))) for role in ROLES},
             },
             "cpu_ratio_vs_baseline": _median(paired(runs, name, base, consumer_cpu_ms)),
             "versus": scenario.versus,
@@ -376,6 +396,26 @@ def _thread_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _switch_table(report: dict[str, Any]) -> list[str]:
+    summary: dict[str, dict[str, Any]] = report["summary"]
+    labels: dict[str, str] = report["scenarios"]
+    rows = [
+        (name, row["switches_by_thread"])
+        for name, row in summary.items()
+        if row.get("switches_by_thread", {}).get("all") is not None
+    ]
+    if not rows:
+        return []
+    lines = [
+        "| scenario | all threads | " + " | ".join(ROLES) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in ROLES) + " |",
+    ]
+    for name, counted in rows:
+        cells = " | ".join(_num(counted.get(role), 1) for role in ROLES)
+        lines.append(f"| {labels[name]} | {_num(counted['all'], 1)} | {cells} |")
+    return lines
+
+
 def _versus_table(report: dict[str, Any]) -> list[str]:
     """Scenarios compared with a second one (an async handler with its sync twin)."""
     summary: dict[str, dict[str, Any]] = report["summary"]
@@ -466,6 +506,20 @@ def render_markdown(report: dict[str, Any]) -> str:
             + ".",
             "",
             *by_thread,
+        ]
+    switches = _switch_table(report)
+    if switches:
+        lines += [
+            "",
+            '<a id="switches"></a>',
+            "### Context switches by thread",
+            "",
+            "Backlog phase, per message, medians: the times the consumer's threads were "
+            "switched out (blocked on a lock, a queue, an RPC or the GIL, or preempted), by the "
+            "same roles. Each is a wake-up, and a hand-off between threads costs one or two: "
+            "the hand-offs a design makes per message.",
+            "",
+            *switches,
         ]
     stalls = [
         f"- {report['scenarios'][name]}: {why}"

@@ -9,6 +9,12 @@ Threads that ended before the reading are one more role, ``ended``: the
 process's CPU less that of its live threads. The consumer reports a reading
 at every mark (:mod:`benchmarks.consumer`); a phase's share of each role is
 the difference between two readings.
+
+:func:`thread_switches` counts, by the same roles, the times each thread
+was switched out (``voluntary_ctxt_switches``: it blocked, on a lock, a
+queue, an RPC or the GIL; ``nonvoluntary_ctxt_switches``: preempted). Each
+is a wake-up to come, and a hand-off between threads costs one or two: per
+message, the count shows the hand-offs a design makes.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import resource
 import threading
 from pathlib import Path
 
-__all__ = ["ROLES", "role", "thread_cpu_s"]
+__all__ = ["ROLES", "role", "thread_cpu_s", "thread_switches"]
 
 ROLES: dict[str, str] = {
     "callbacks": "callback threads: the callback, the wrapper's work on it, "
@@ -84,3 +90,33 @@ def thread_cpu_s() -> dict[str, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     spent["ended"] = max(usage.ru_utime + usage.ru_stime - sum(spent.values()), 0.0)
     return spent
+
+
+def thread_switches() -> dict[str, int]:
+    """Context switches so far of this process's threads, by role; {} off Linux.
+
+    ``ended`` is the process's count (``getrusage``, every thread it ever
+    had) less that of its live threads.
+    """
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return {}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    switches = dict.fromkeys(ROLES, 0)
+    for tid in os.listdir(tasks):
+        try:
+            status = (tasks / tid / "status").read_text()
+        except OSError:
+            continue  # ended while read
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        try:
+            count = int(fields["voluntary_ctxt_switches"]) + int(
+                fields["nonvoluntary_ctxt_switches"]
+            )
+        except (KeyError, ValueError):
+            continue
+        name = names.get(int(tid), fields.get("Name", "").strip())
+        switches[role(name)] += count
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    switches["ended"] = max(usage.ru_nvcsw + usage.ru_nivcsw - sum(switches.values()), 0)
+    return switches

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from benchmarks.measure import thread_delta
-from benchmarks.report import _thread_table
-from benchmarks.threads import ROLES, role, thread_cpu_s
+from benchmarks.report import _switch_table, _thread_table
+from benchmarks.threads import ROLES, role, thread_cpu_s, thread_switches
 
 
 @pytest.mark.parametrize(
@@ -106,3 +106,64 @@ def test_the_report_shows_a_row_per_scenario_with_readings() -> None:
     assert lines[0].startswith("| scenario | consumer CPU | callbacks | completer | writers")
     assert len(lines) == 3  # header, rule, scenario a (b has no reading)
     assert lines[2].startswith("| scenario a | 2.50 | 1.25 | n/a | n/a | n/a | 0.50 |")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_thread_handed_work_counts_its_switches_under_its_role() -> None:
+    before = thread_switches()
+    assert set(before) == set(ROLES)
+    asked, answered = threading.Semaphore(0), threading.Semaphore(0)
+    release = threading.Event()
+
+    def serve() -> None:
+        for _ in range(200):
+            asked.acquire()
+            answered.release()
+        release.wait(10)  # alive when read
+
+    thread = threading.Thread(target=serve, name="pubsub-worker-complete_0")
+    thread.start()
+    for _ in range(200):
+        asked.release()
+        assert answered.acquire(timeout=10)
+    after = thread_switches()
+    release.set()
+    thread.join()
+    # Each hand-off blocks the completer once it has answered (about 200 in all).
+    assert 150 <= after["completer"] - before["completer"] <= 450
+    assert after["writers"] == before["writers"]  # no such thread: nothing counted
+
+
+def test_a_phase_takes_each_roles_switches_apart_from_its_cpu() -> None:
+    members: list[Any] = [
+        SimpleNamespace(
+            index=0,
+            marks={
+                "start": {"threads": {"callbacks": 1.0}, "switches": {"callbacks": 10}},
+                "backlog": {"threads": {"callbacks": 2.0}, "switches": {"callbacks": 70}},
+            },
+        ),
+    ]
+    assert thread_delta(members, "start", "backlog", "switches") == {"callbacks": 60}
+    assert thread_delta(members, "start", "backlog") == {"callbacks": 1.0}
+
+
+def test_the_switch_table_shows_all_threads_and_each_role_per_message() -> None:
+    report = {
+        "scenarios": {"a": "scenario a", "b": "scenario b"},
+        "summary": {
+            "a": {
+                "switches_by_thread": {
+                    **dict.fromkeys(ROLES),
+                    "all": 29.25,
+                    "callbacks": 12.5,
+                    "writers": 6.0,
+                }
+            },
+            "b": {"switches_by_thread": {"all": None}},
+        },
+    }
+    lines = _switch_table(report)
+    assert lines[0].startswith("| scenario | all threads | callbacks | completer | writers")
+    assert len(lines) == 3  # header, rule, scenario a (b has no reading)
+    assert lines[2].startswith("| scenario a | 29.2 | 12.5 | n/a | 6.0 |")
