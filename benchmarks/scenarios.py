@@ -86,15 +86,15 @@ class Scenario:
     """The consumers reach both emulators through the session's delay proxies, which add
     production's round trips (``--firestore-rtt-ms``, ``--pubsub-rtt-ms``; see
     :mod:`benchmarks.latency`)."""
-    prefetch: int | None = None
-    """``run()``'s ``PUBSUB_WORKER_PREFETCH_MESSAGES``; None: its default (as many as
-    ``MAX_MESSAGES``)."""
+    run_threads: int | None = None
+    """``run()``'s ``PUBSUB_WORKER_MAX_MESSAGES`` (its callback threads; as many more
+    messages prefetched, the default); None: its default, 10."""
 
     def env(self) -> dict[str, str]:
         """What the scenario sets in its consumers' environment."""
-        if self.prefetch is None:
+        if self.run_threads is None:
             return {}
-        return {"PUBSUB_WORKER_PREFETCH_MESSAGES": str(self.prefetch)}
+        return {"PUBSUB_WORKER_MAX_MESSAGES": str(self.run_threads)}
 
     @property
     def stock(self) -> bool:
@@ -105,14 +105,16 @@ class Scenario:
         """Messages the client lets in at once, per process."""
         if self.subscribe == "default":
             return 1000  # FlowControl().max_messages
-        if self.subscribe == "run":  # PUBSUB_WORKER_MAX_MESSAGES' default, and the prefetch
-            return 10 + (10 if self.prefetch is None else self.prefetch)
+        if self.subscribe == "run":  # MAX_MESSAGES, and as many prefetched (the default)
+            return 2 * self.threads(concurrency)
         return self.concurrency or concurrency
 
     def threads(self, concurrency: int) -> int:
         """Callback threads per process."""
-        if self.subscribe in ("default", "run"):
-            return 10  # the client's default ThreadScheduler; MAX_MESSAGES' default
+        if self.subscribe == "run":
+            return self.run_threads or 10  # MAX_MESSAGES' default
+        if self.subscribe == "default":
+            return 10  # the client's default ThreadScheduler
         return self.in_flight(concurrency)
 
 
@@ -327,16 +329,19 @@ _ALL: tuple[Scenario, ...] = (
     _default_rtt_batched(
         "fixed-2", "2 batches in flight, none more for slow round trips", slow_in_flight=2
     ),
+    _default_rtt_batched(
+        "batched-1", "1 batch in flight, up to 4 for slow round trips", max_in_flight=1
+    ),
     Scenario(
-        "run-1-rtt-prefetch-20",
+        "run-1-rtt-20",
         "run",
-        "`pubsub_worker.run()`, 1 step, production round trips, 20 prefetched (30 admitted)",
+        "`pubsub_worker.run()`, 1 step, production round trips, 20 threads (40 admitted)",
         baseline="stock-eod-default-rtt",
         steps=1,
         subscribe="run",
         latency=True,
         delayed=True,
-        prefetch=20,
+        run_threads=20,
     ),
     Scenario(
         "wrapped-1-fixed-2",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+import pubsub_worker
 from benchmarks.latency import added_ms, latency_section, latency_targets
 from benchmarks.report import summarize
 from benchmarks.scenarios import SCENARIOS
@@ -121,10 +124,20 @@ def test_the_section_has_a_row_per_delayed_scenario_and_none_without_them() -> N
     assert latency_section(report) == []
 
 
-def test_a_run_scenario_with_a_prefetch_sets_it_in_its_consumers_and_admits_it() -> None:
-    default, more = SCENARIOS["run-1-rtt"], SCENARIOS["run-1-rtt-prefetch-20"]
+def test_a_run_scenario_with_more_threads_sets_them_in_its_consumers_and_admits_twice() -> None:
+    default, more = SCENARIOS["run-1-rtt"], SCENARIOS["run-1-rtt-20"]
     assert default.env() == {}
-    assert default.in_flight(10) == 20  # MAX_MESSAGES' 10, and as many prefetched
-    assert more.env() == {"PUBSUB_WORKER_PREFETCH_MESSAGES": "20"}
-    assert more.in_flight(10) == 30
+    assert (default.threads(10), default.in_flight(10)) == (10, 20)  # and as many prefetched
+    assert more.env() == {"PUBSUB_WORKER_MAX_MESSAGES": "20"}
+    assert (more.threads(10), more.in_flight(10)) == (20, 40)
     assert (more.delayed, more.baseline) == (True, "stock-eod-default-rtt")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SCENARIOS.items() if s.env()))
+def test_what_a_scenario_sets_in_its_consumers_is_a_valid_configuration(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable, value in SCENARIOS[name].env().items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("PUBSUB_WORKER_SUBSCRIPTION", "projects/bench/subscriptions/bench")
+    pubsub_worker.Settings()  # a scenario whose consumers would refuse to start fails here
