@@ -297,12 +297,12 @@ _ALL: tuple[Scenario, ...] = (
         store="direct",
     ),
     Scenario(
-        "wrapped-1-batched-1",
+        "wrapped-1-batched-2",
         "wrapped",
-        "`exactly_once`, 1 step, BatchWrite, 1 batch in flight",
+        "`exactly_once`, 1 step, BatchWrite, 2 batches in flight, up to 4 for slow round trips",
         steps=1,
         store="batched",
-        batching={"max_in_flight": 1},
+        batching={"max_in_flight": 2},
     ),
     Scenario(
         "wrapped-1-batched-4",
@@ -327,10 +327,13 @@ _ALL: tuple[Scenario, ...] = (
         for slots in (4, 8)
     ),
     _default_rtt_batched(
-        "fixed-2", "2 batches in flight, none more for slow round trips", slow_in_flight=2
+        "fixed-2",
+        "2 batches in flight, none more for slow round trips",
+        max_in_flight=2,
+        slow_in_flight=2,
     ),
     _default_rtt_batched(
-        "batched-1", "1 batch in flight, up to 4 for slow round trips", max_in_flight=1
+        "batched-2", "2 batches in flight, up to 4 for slow round trips", max_in_flight=2
     ),
     Scenario(
         "run-1-rtt-20",
@@ -349,7 +352,7 @@ _ALL: tuple[Scenario, ...] = (
         "`exactly_once`, 1 step, BatchWrite, 2 batches in flight, none more for slow round trips",
         steps=1,
         store="batched",
-        batching={"slow_in_flight": 2},
+        batching={"max_in_flight": 2, "slow_in_flight": 2},
     ),
     Scenario(
         "wrapped-1-batched-linger",
@@ -387,7 +390,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "payload": ("stock-eod-10k", "wrapped-1-10k", "stock-eod-1m", "wrapped-1-1m"),
     "stores": (
-        *("wrapped-1-direct", "wrapped-1-batched-1", "wrapped-1-batched-4"),
+        *("wrapped-1-direct", "wrapped-1-batched-2", "wrapped-1-batched-4"),
         *("wrapped-1-batched-linger", "stock-eod-c100", "wrapped-1-c100-batched-4"),
         "wrapped-1-fixed-2",
     ),

@@ -2,7 +2,7 @@
 
 :class:`WriteBatcher` queues raw ``Write`` protobufs and sends them together
 in one ``BatchWrite`` RPC (group commit), at most ``max_in_flight`` batches
-at a time. A write that finds a batch slot free is sent at once by the
+at a time (one by default). A write that finds a batch slot free is sent at once by the
 thread that brings it, with whatever else is queued (at most ``max_batch``
 writes and ``max_batch_bytes`` of serialized request, 4 MB by default: a
 request refused for its size, over 10 MiB in production or 4 MiB on the
@@ -13,11 +13,12 @@ timer or another thread (``linger_s`` holds each batch open longer, on a
 flusher: fewer RPCs, more latency). When round trips are long, a write need
 not wait a whole one for a slot: once the youngest batch in flight has been
 out ``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight``
-(4) in all. On loopback an RPC is answered sooner and those slots stay shut;
-at 10 ms round trips the wrapped callback at the client's defaults made 14%
-more messages per second with them (the median of six paired runs) and a
-third of the added p99 latency, for more RPCs per message
-(``docs/benchmarks.md``). A batch never holds two writes to one
+(4) in all. On loopback an RPC is answered sooner and those slots mostly
+stay shut, so the writes that arrive meanwhile share the next batch: one
+batch at a time, not two, made 0.61 RPCs per message instead of 0.85 and
+cost 8% less CPU at 10 in flight, and at 10 ms round trips, the slow slots
+opening, the wrapped callback at the client's defaults made 97% of the
+stock client instead of 85% (``docs/benchmarks.md``). A batch never holds two writes to one
 document (they could apply in either order), and a document is never in two
 batches in flight at once.
 
@@ -128,7 +129,7 @@ class WriteBatcher:
         *,
         rpc_timeout_s: float = 10.0,
         max_batch: int = 100,
-        max_in_flight: int = 2,
+        max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
         linger_s: float = 0.0,

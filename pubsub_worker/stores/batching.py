@@ -67,7 +67,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         rpc_timeout_s: float = 10.0,
         retry_deadline_s: float = 30.0,
         max_batch: int = 100,
-        max_in_flight: int = 2,
+        max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
         linger_s: float = 0.0,

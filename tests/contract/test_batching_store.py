@@ -693,3 +693,25 @@ def test_a_byte_cap_over_productions_limit_is_refused(firestore_client: Any) -> 
     for cap in (0, MAX_BATCH_WRITE_BYTES + 1):
         with pytest.raises(ValueError, match="max_batch_bytes"):
             batching.WriteBatcher(firestore_client, max_batch_bytes=cap)
+
+
+def test_by_default_one_batch_flies_and_the_writes_behind_it_share_the_next(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """The default: one batch at a time while RPCs are fast (a slow one opens more, above)."""
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection, slow_after_s=30.0)
+    held = _HeldSends(store.batcher)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(store.create, "d0", {"epoch": 1})]
+            held.wait_for(1)
+            futures += [pool.submit(store.create, f"d{i}", {"epoch": 1}) for i in (1, 2, 3)]
+            time.sleep(0.3)
+            assert len(held.sent_at) == 1  # no second batch beside the first
+            held.release.set()
+            for future in futures:
+                future.result(timeout=20)
+        assert (store.batcher.batches, store.batcher.writes) == (2, 4)  # three shared one
+    finally:
+        held.release.set()
+        store.close()
