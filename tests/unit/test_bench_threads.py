@@ -129,8 +129,9 @@ def test_a_thread_handed_work_counts_its_switches_under_its_role() -> None:
     after = thread_switches()
     release.set()
     thread.join()
-    # Each hand-off blocks the completer once it has answered (about 200 in all).
-    assert 150 <= after["completer"] - before["completer"] <= 450
+    # Each hand-off blocks the completer once it has answered (about 200 in all; more
+    # when a busy machine preempts it or it waits for the GIL, never the process's count).
+    assert 150 <= after["completer"] - before["completer"] <= 2000
     assert after["writers"] == before["writers"]  # no such thread: nothing counted
 
 
