@@ -376,44 +376,43 @@ def _time_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _thread_table(report: dict[str, Any]) -> list[str]:
+def _role_table(
+    report: dict[str, Any],
+    first: str,
+    total: Callable[[dict[str, Any]], float | None],
+    by_role: Callable[[dict[str, Any]], dict[str, float | None]],
+    digits: int,
+) -> list[str]:
+    """A row per scenario with a reading: its ``total`` (column ``first``), then each role."""
     summary: dict[str, dict[str, Any]] = report["summary"]
     labels: dict[str, str] = report["scenarios"]
-    rows = [
-        (name, row)
-        for name, row in summary.items()
-        if any(v is not None for v in row.get("cpu_ms_by_thread", {}).values())
-    ]
+    rows = [(name, row) for name, row in summary.items() if total(row) is not None]
     if not rows:
         return []
     lines = [
-        "| scenario | consumer CPU | " + " | ".join(ROLES) + " |",
+        f"| scenario | {first} | " + " | ".join(ROLES) + " |",
         "| --- | ---: | " + " | ".join("---:" for _ in ROLES) + " |",
     ]
     for name, row in rows:
-        cells = " | ".join(_num(row["cpu_ms_by_thread"].get(role), 2) for role in ROLES)
-        lines.append(f"| {labels[name]} | {_num(row['cpu_ms_per_msg']['consumer'], 2)} | {cells} |")
+        cells = " | ".join(_num(by_role(row).get(role), digits) for role in ROLES)
+        lines.append(f"| {labels[name]} | {_num(total(row), digits)} | {cells} |")
     return lines
+
+
+def _thread_table(report: dict[str, Any]) -> list[str]:
+    def total(row: dict[str, Any]) -> float | None:
+        measured = any(v is not None for v in row.get("cpu_ms_by_thread", {}).values())
+        return float(row["cpu_ms_per_msg"]["consumer"]) if measured else None
+
+    return _role_table(report, "consumer CPU", total, lambda row: row["cpu_ms_by_thread"], 2)
 
 
 def _switch_table(report: dict[str, Any]) -> list[str]:
-    summary: dict[str, dict[str, Any]] = report["summary"]
-    labels: dict[str, str] = report["scenarios"]
-    rows = [
-        (name, row["switches_by_thread"])
-        for name, row in summary.items()
-        if row.get("switches_by_thread", {}).get("all") is not None
-    ]
-    if not rows:
-        return []
-    lines = [
-        "| scenario | all threads | " + " | ".join(ROLES) + " |",
-        "| --- | ---: | " + " | ".join("---:" for _ in ROLES) + " |",
-    ]
-    for name, counted in rows:
-        cells = " | ".join(_num(counted.get(role), 1) for role in ROLES)
-        lines.append(f"| {labels[name]} | {_num(counted['all'], 1)} | {cells} |")
-    return lines
+    def counted(row: dict[str, Any]) -> dict[str, float | None]:
+        found: dict[str, float | None] = row.get("switches_by_thread", {})
+        return found
+
+    return _role_table(report, "all threads", lambda row: counted(row).get("all"), counted, 1)
 
 
 def _versus_table(report: dict[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ import os
 import re
 import resource
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["ROLES", "role", "thread_cpu_s", "thread_switches"]
@@ -70,25 +71,51 @@ def role(name: str) -> str:
     return "other"
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds so far of this process's threads, by role; {} off Linux."""
+def _by_role(read: Callable[[Path], tuple[float, str] | None]) -> dict[str, float]:
+    """``read(task)`` (a figure and the kernel's name of the thread) summed by role over
+    this process's live threads; {} off Linux. A thread ``read`` finds gone is skipped."""
     tasks = Path("/proc/self/task")
     if not tasks.is_dir():
         return {}
     names = {t.native_id: t.name for t in threading.enumerate()}
-    spent = dict.fromkeys(ROLES, 0.0)
+    summed = dict.fromkeys(ROLES, 0.0)
     for tid in os.listdir(tasks):
-        try:
-            # The thread's time on a CPU, in ns: exact, where stat's user and system
-            # times are whole clock ticks (10 ms), too coarse for a phase's share.
-            on_cpu_ns = int((tasks / tid / "schedstat").read_text().split()[0])
-            kernel_name = (tasks / tid / "comm").read_text().strip()
-        except (OSError, ValueError, IndexError):
-            continue  # ended while read, or no scheduler statistics
-        name = names.get(int(tid), kernel_name)
-        spent[role(name)] += on_cpu_ns / 1e9
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    spent["ended"] = max(usage.ru_utime + usage.ru_stime - sum(spent.values()), 0.0)
+        found = read(tasks / tid)
+        if found is not None:
+            value, kernel_name = found
+            summed[role(names.get(int(tid), kernel_name))] += value
+    return summed
+
+
+def _on_cpu_s(task: Path) -> tuple[float, str] | None:
+    try:
+        # The thread's time on a CPU, in ns: exact, where stat's user and system
+        # times are whole clock ticks (10 ms), too coarse for a phase's share.
+        on_cpu_ns = int((task / "schedstat").read_text().split()[0])
+        return on_cpu_ns / 1e9, (task / "comm").read_text().strip()
+    except (OSError, ValueError, IndexError):
+        return None  # ended while read, or no scheduler statistics
+
+
+def _switched(task: Path) -> tuple[float, str] | None:
+    try:
+        status = (task / "status").read_text()
+    except OSError:
+        return None  # ended while read
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        count = int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+    except (KeyError, ValueError):
+        return None
+    return float(count), fields.get("Name", "").strip()
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by role; {} off Linux."""
+    spent = _by_role(_on_cpu_s)
+    if spent:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        spent["ended"] = max(usage.ru_utime + usage.ru_stime - sum(spent.values()), 0.0)
     return spent
 
 
@@ -98,25 +125,8 @@ def thread_switches() -> dict[str, int]:
     ``ended`` is the process's count (``getrusage``, every thread it ever
     had) less that of its live threads.
     """
-    tasks = Path("/proc/self/task")
-    if not tasks.is_dir():
-        return {}
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    switches = dict.fromkeys(ROLES, 0)
-    for tid in os.listdir(tasks):
-        try:
-            status = (tasks / tid / "status").read_text()
-        except OSError:
-            continue  # ended while read
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        try:
-            count = int(fields["voluntary_ctxt_switches"]) + int(
-                fields["nonvoluntary_ctxt_switches"]
-            )
-        except (KeyError, ValueError):
-            continue
-        name = names.get(int(tid), fields.get("Name", "").strip())
-        switches[role(name)] += count
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    switches["ended"] = max(usage.ru_nvcsw + usage.ru_nivcsw - sum(switches.values()), 0)
+    switches = {name: int(count) for name, count in _by_role(_switched).items()}
+    if switches:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        switches["ended"] = max(usage.ru_nvcsw + usage.ru_nivcsw - sum(switches.values()), 0)
     return switches
