@@ -93,7 +93,7 @@ def build_wrapped(
     """An ``ExactlyOnce`` callback, started (settings read, EOD checked, clients warm).
 
     Settings are the library's defaults apart from where to work: in
-    particular ``MAX_MESSAGES`` stays 10, which only ``run()`` reads.
+    particular ``MAX_MESSAGES`` stays at its default, which only ``run()`` reads.
     """
     settings = Settings(subscription=subscription, project=project, collection=collection)
     io_s = scenario.step_io_ms / 1000

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pubsub_worker.settings import Settings
+
 __all__ = [
     "BASELINE",
     "DEFAULT_SCENARIOS",
@@ -27,6 +29,9 @@ __all__ = [
     "expand",
 ]
 
+_RUN_THREADS: int = Settings.model_fields["max_messages"].default
+"""``run()``'s callback threads by default (``PUBSUB_WORKER_MAX_MESSAGES``)."""
+
 Kind = Literal["stock-ack", "stock-eod", "wrapped", "legacy", "run"]
 """``stock-ack``: ``message.ack()``; ``stock-eod``: awaited ``ack_with_response()``;
 ``wrapped``: ``exactly_once(handler(message, job))`` with ``steps`` steps;
@@ -37,8 +42,8 @@ Subscribe = Literal["fixed", "default", "run"]
 """``fixed``: ``FlowControl(max_messages=C)`` and a ``ThreadScheduler`` of ``C``
 threads; ``default``: plain ``subscriber.subscribe(path, callback=...)``, nothing
 else passed (1,000 messages, 100 MiB outstanding, 10 threads); ``run``: what
-:func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 10 threads by default, and
-as many messages prefetched: 20 in flow control)."""
+:func:`pubsub_worker.run` sets up (``MAX_MESSAGES`` = 20 threads by default, and
+as many messages prefetched: 40 in flow control)."""
 
 StoreKind = Literal["default", "direct", "batched", "memory"]
 
@@ -88,7 +93,7 @@ class Scenario:
     :mod:`benchmarks.latency`)."""
     run_threads: int | None = None
     """``run()``'s ``PUBSUB_WORKER_MAX_MESSAGES`` (its callback threads; as many more
-    messages prefetched, the default); None: its default, 10."""
+    messages prefetched, the default); None: its default (:data:`_RUN_THREADS`)."""
 
     def env(self) -> dict[str, str]:
         """What the scenario sets in its consumers' environment."""
@@ -112,7 +117,7 @@ class Scenario:
     def threads(self, concurrency: int) -> int:
         """Callback threads per process."""
         if self.subscribe == "run":
-            return self.run_threads or 10  # MAX_MESSAGES' default
+            return self.run_threads or _RUN_THREADS
         if self.subscribe == "default":
             return 10  # the client's default ThreadScheduler
         return self.in_flight(concurrency)
@@ -336,15 +341,23 @@ _ALL: tuple[Scenario, ...] = (
         "batched-2", "2 batches in flight, up to 4 for slow round trips", max_in_flight=2
     ),
     Scenario(
-        "run-1-rtt-20",
+        "run-1-rtt-10",
         "run",
-        "`pubsub_worker.run()`, 1 step, production round trips, 20 threads (40 admitted)",
+        "`pubsub_worker.run()`, 1 step, production round trips, 10 threads (20 admitted)",
         baseline="stock-eod-default-rtt",
         steps=1,
         subscribe="run",
         latency=True,
         delayed=True,
-        run_threads=20,
+        run_threads=10,
+    ),
+    Scenario(
+        "run-1-10",
+        "run",
+        "`pubsub_worker.run()`, 1 step, 10 threads (20 admitted)",
+        steps=1,
+        subscribe="run",
+        run_threads=10,
     ),
     Scenario(
         "wrapped-1-fixed-2",

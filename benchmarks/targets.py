@@ -460,7 +460,7 @@ def _targets(report: dict[str, Any]) -> list[Target]:
             summary,
             "run-1",
             0.8,
-            "One step, `pubsub_worker.run()` defaults (10 threads, 20 admitted): >= 80% of stock "
+            "One step, `pubsub_worker.run()` defaults (20 threads, 40 admitted): >= 80% of stock "
             "at 10 in flight",
             "ten",
         ),

@@ -109,8 +109,14 @@ class Settings(BaseSettings):
     """Topic that receives failed jobs for review (original data, attributes and the error)."""
     allow_at_least_once: bool = False
     """Accept a subscription without exactly-once delivery (acks then prove nothing)."""
-    max_messages: int = Field(default=10, ge=1, le=1000)
-    """Jobs run at once in :func:`pubsub_worker.run` (its callback threads)."""
+    max_messages: int = Field(default=20, ge=1, le=1000)
+    """Jobs run at once in :func:`pubsub_worker.run` (its callback threads).
+
+    20 by default: each job holds its flow-control slot for two Firestore
+    round trips and the ack's besides its own work, and with production's
+    round trips 10 threads (20 admitted) kept ``run()`` to 47-79% of the stock
+    client at its defaults, 20 (40 admitted) to 88-138% (``docs/benchmarks.md``).
+    """
     prefetch_messages: int | None = Field(default=None, ge=0, le=1000)
     """Messages :func:`pubsub_worker.run` admits beyond ``MAX_MESSAGES``; unset: as many.
 

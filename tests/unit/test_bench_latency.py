@@ -77,8 +77,8 @@ def test_the_targets_judge_throughput_at_the_defaults_and_the_added_latency() ->
     assert run["met"] is False
     assert run["measured"] == "60%"
     assert run["stands"] == (  # run()'s callback threads are not timed: no thread bound
-        "`run-1-rtt`: 20 flow-control slots, each held 60.0 ms from receipt to the ack's "
-        "answer: at most 333; measured 144"
+        "`run-1-rtt`: 40 flow-control slots, each held 60.0 ms from receipt to the ack's "
+        "answer: at most 667; measured 144"
     )
     assert "<= two Firestore round trips + 2 ms (22 ms)" in latency["target"]
     assert latency["met"] is False  # run() adds 30 ms
@@ -118,19 +118,19 @@ def test_the_section_has_a_row_per_delayed_scenario_and_none_without_them() -> N
     rows = [line for line in lines if line.startswith("| run-1-rtt") or line.startswith("| wr")]
     assert rows[0].startswith("| wrapped-1-default-rtt | n/a (1000) / 10 | 230 | 96% | 96% ")
     assert "| 18.0 / 30.0 |" in rows[0]
-    assert rows[1].startswith("| run-1-rtt | n/a (20) / 10 | 144 | 60% | 60% ")
+    assert rows[1].startswith("| run-1-rtt | n/a (40) / 20 | 144 | 60% | 60% ")
     report = _report(RUNS)
     report["summary"] = {"stock-eod": report["summary"][NAMES[0]]}
     assert latency_section(report) == []
 
 
 def test_a_run_scenario_with_more_threads_sets_them_in_its_consumers_and_admits_twice() -> None:
-    default, more = SCENARIOS["run-1-rtt"], SCENARIOS["run-1-rtt-20"]
+    default, fewer = SCENARIOS["run-1-rtt"], SCENARIOS["run-1-rtt-10"]
     assert default.env() == {}
-    assert (default.threads(10), default.in_flight(10)) == (10, 20)  # and as many prefetched
-    assert more.env() == {"PUBSUB_WORKER_MAX_MESSAGES": "20"}
-    assert (more.threads(10), more.in_flight(10)) == (20, 40)
-    assert (more.delayed, more.baseline) == (True, "stock-eod-default-rtt")
+    assert (default.threads(10), default.in_flight(10)) == (20, 40)  # and as many prefetched
+    assert fewer.env() == {"PUBSUB_WORKER_MAX_MESSAGES": "10"}
+    assert (fewer.threads(10), fewer.in_flight(10)) == (10, 20)
+    assert (fewer.delayed, fewer.baseline) == (True, "stock-eod-default-rtt")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SCENARIOS.items() if s.env()))

@@ -71,7 +71,7 @@ def test_an_id_is_resolved_with_the_project(monkeypatch: pytest.MonkeyPatch) -> 
         ("FIRESTORE_EMULATOR_HOST", "localhost", "HOST:PORT"),
         ("PUBSUB_WORKER_LOG_FORMAT", "xml", "text or json"),
         ("PUBSUB_WORKER_PREFETCH_MESSAGES", "-1", "from 0 to 1000"),
-        ("PUBSUB_WORKER_PREFETCH_MESSAGES", "11", "at most MAX_MESSAGES (10)"),
+        ("PUBSUB_WORKER_PREFETCH_MESSAGES", "21", "at most MAX_MESSAGES (20)"),
     ],
 )
 def test_bad_values_name_the_variable_and_the_range(
@@ -117,8 +117,8 @@ def test_settings_are_frozen() -> None:
 def test_run_admits_a_prefetched_message_per_thread_unless_told_otherwise() -> None:
     settings = Settings(project="demo-project", lease_seconds=30, max_processing_seconds=300)
     control = flow_control(settings)
-    assert settings.max_messages == 10  # threads
-    assert control.max_messages == settings.admitted_messages == 20
+    assert settings.max_messages == 20  # threads
+    assert control.max_messages == settings.admitted_messages == 40
     assert control.max_lease_duration == 300 + 30  # the cap from receipt, plus a lease
     assert control.min_duration_per_lease_extension == 30
     assert control.max_duration_per_lease_extension == 30
