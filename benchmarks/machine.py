@@ -27,15 +27,20 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs, from ``/proc/stat``."""
+def _machine_jiffies() -> tuple[int, int, int]:
+    """(busy, total, stolen) jiffies of all CPUs, from ``/proc/stat``.
+
+    Stolen: the time the hypervisor ran something else (another machine on
+    the host) while this one had work, counted in busy.
+    """
     try:
         first = Path("/proc/stat").read_text().splitlines()[0].split()
     except OSError:
-        return (0, 0)
+        return (0, 0, 0)
     values = [int(v) for v in first[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return (sum(values) - idle, sum(values))
+    stolen = values[7] if len(values) > 7 else 0
+    return (sum(values) - idle, sum(values), stolen)
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class CpuMark:
 
     at: float
     emulators: Mapping[str, float]
-    machine: tuple[int, int]
+    machine: tuple[int, int, int]
     orchestrator: float
 
 
@@ -65,6 +70,7 @@ def cpu_between(start: CpuMark, end: CpuMark) -> dict[str, float]:
     total = end.machine[1] - start.machine[1]
     out["machine_busy"] = busy / total if total else 0.0
     out["machine_busy_s"] = busy / _CLK_TCK
+    out["stolen_s"] = (end.machine[2] - start.machine[2]) / _CLK_TCK
     out["orchestrator_s"] = end.orchestrator - start.orchestrator
     out["wall_s"] = end.at - start.at
     return out

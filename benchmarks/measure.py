@@ -157,9 +157,10 @@ def thread_delta(
 def cpu_shares(before: CpuMark, after: CpuMark, members: Sequence[Member]) -> dict[str, Any]:
     """Emulators' and the machine's CPU over the backlog phase; the rest as "others".
 
-    "Others" is what processes outside the benchmark used meanwhile, in
-    cores: the machine's busy time less the consumers' (their own account),
-    the emulators' and the orchestrator's.
+    "Others" is what work outside the benchmark took meanwhile, in cores:
+    the machine's busy time less the consumers' (their own account), the
+    emulators' and the orchestrator's; "stolen" the part of it the hypervisor
+    gave to other machines on the host.
     """
     spent = cpu_between(before, after)
     consumers = sum(m.marks["backlog"]["cpu_s"] - m.marks["start"]["cpu_s"] for m in members)
@@ -169,7 +170,7 @@ def cpu_shares(before: CpuMark, after: CpuMark, members: Sequence[Member]) -> di
         + spent.get("pubsub_emulator_s", 0.0)
         + spent["orchestrator_s"]
     )
-    spent["other_load_cores"] = max(spent["machine_busy_s"] - ours, 0.0) / max(
-        spent["wall_s"], 1e-9
-    )
+    wall = max(spent["wall_s"], 1e-9)
+    spent["other_load_cores"] = max(spent["machine_busy_s"] - ours, 0.0) / wall
+    spent["stolen_cores"] = spent["stolen_s"] / wall
     return spent

@@ -193,6 +193,7 @@ def summarize(
             ),
             "machine_busy": _median(_values(good, lambda r: backlog(r)["machine_busy"])),
             "other_load_cores": _median(_values(good, lambda r: backlog(r)["other_load_cores"])),
+            "stolen_cores": _median(_values(good, lambda r: backlog(r).get("stolen_cores"))),
             "peak_rss_mb": _median(_values(good, lambda r: max(r["peak_rss_mb"]))),
             "leased_peak": _median(_values(good, lambda r: max(backlog(r)["leased_peak"]))),
             "rss_per_1000_mb": _median(_values(good, _rss_per_1000)),
@@ -343,6 +344,13 @@ def _billed(row: dict[str, Any]) -> str:
     return " / ".join(_num(count or 0.0, 2) for count in counts)
 
 
+def _others(row: dict[str, Any]) -> str:
+    """Cores taken by other work, and how many of them the hypervisor stole (when known)."""
+    stolen = row.get("stolen_cores")
+    others = _num(row["other_load_cores"], 2)
+    return others if stolen is None else f"{others} ({_num(stolen, 2)})"
+
+
 def _time_table(report: dict[str, Any]) -> list[str]:
     summary: dict[str, dict[str, Any]] = report["summary"]
     labels: dict[str, str] = report["scenarios"]
@@ -350,7 +358,7 @@ def _time_table(report: dict[str, Any]) -> list[str]:
         "| scenario | in flight (limit) / threads | callback ms | to ack answered ms "
         "| lone: callback / to ack ms | consumer CPU | Firestore emulator CPU "
         "| Pub/Sub emulator CPU | writes per RPC "
-        "| RSS MB per 1,000 held | machine busy | others (cores) |",
+        "| RSS MB per 1,000 held | machine busy | others (stolen), cores |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
@@ -371,7 +379,7 @@ def _time_table(report: dict[str, Any]) -> list[str]:
             f"| {_num(cpu['pubsub_emulator'], 2)} | {_num(per_rpc, 1) if per_rpc else '-'} "
             f"| {_num(row['rss_per_1000_mb'], 0) if row['rss_per_1000_mb'] else '-'} "
             f"| {_num((row['machine_busy'] or 0) * 100)}% "
-            f"| {_num(row['other_load_cores'], 2)} |"
+            f"| {_others(row)} |"
         )
     return lines
 
@@ -486,8 +494,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "wall time of one callback; to ack answered: from its start to the ack's answer (the "
         "wrapper sends its ack without waiting; the client keeps the flow-control slot until "
         "the answer). CPU: ms per message, by process (2 cores offer 2 CPU-ms per wall ms). "
-        "Machine busy: the share of both cores in use; others: cores used meanwhile by "
-        "processes outside the benchmark (noise).",
+        "Machine busy: the share of both cores in use; others: cores taken meanwhile by "
+        "work outside the benchmark (noise), and in brackets the part the hypervisor stole "
+        "for other machines on the host.",
         "",
         *_time_table(report),
     ]

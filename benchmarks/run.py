@@ -317,7 +317,8 @@ def _line(name: str, run: dict[str, Any], seconds: float) -> str:
         f"{name:<20} {backlog['msgs_per_s']:7.0f} msg/s  "
         f"{backlog['firestore_rpcs_per_msg']:.2f} Firestore RPC/msg  "
         f"CPU {sum(backlog['consumer_cpu_s']) * 1000 / max(backlog['messages'], 1):.2f} ms/msg  "
-        f"RSS {max(run['peak_rss_mb']):4.0f} MB  others {backlog['other_load_cores']:.2f}"
+        f"RSS {max(run['peak_rss_mb']):4.0f} MB  others {backlog['other_load_cores']:.2f} "
+        f"(stolen {backlog['stolen_cores']:.2f})"
     )
     lone = run["phases"].get("lone")
     if lone:
