@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import profile_tables
-from benchmarks.latency import latency_section, latency_targets
+from benchmarks.latency import PAGE, latency_section, latency_targets
 from benchmarks.measure import paired
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import evaluate, lone_own_ms
@@ -455,7 +455,8 @@ def _targets_table(report: dict[str, Any]) -> list[str]:
         met = {True: "yes", False: "**no**", None: "n/a"}[target["met"]]
         stands = ""
         if target["met"] is False and target.get("why"):
-            met += f" ([why]({target.get('page', '')}#why-{target['why']}))"
+            # The page that explains it, named: the report may be written to another page.
+            met += f" ([why]({target.get('page', PAGE)}#why-{target['why']}))"
             stands = target.get("stands", "")
         lines.append(f"| {target['target']} | {target['measured']} | {met} | {stands} |")
     return lines

@@ -33,8 +33,8 @@ def rerender(report: dict[str, Any], profiles: Path) -> dict[str, Any]:
         messages = run["phases"]["backlog"]["messages"] if run.get("ok") else 0
         run["breakdown"] = breakdown(profiles, name, messages)
     report["rerendered"] = (
-        "this report rendered again from the same figures by `python -m benchmarks.rerender` "
-        "(profile parts read again from `docs/profiles/`)"
+        "this report rendered again from the same figures by `python -m benchmarks.rerender`"
+        + (" (profile parts read again from `docs/profiles/`)" if report.get("profiled") else "")
     )
     return report
 

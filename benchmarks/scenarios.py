@@ -147,7 +147,7 @@ def _pair(
     return stock, wrapped
 
 
-def _default_rtt_batched(suffix: str, what: str, **batching: int) -> Scenario:
+def _default_rtt_batched(suffix: str, what: str, **batching: float) -> Scenario:
     """The client's defaults at production round trips on the batching store, tuned."""
     return Scenario(
         f"wrapped-1-default-rtt-{suffix}",
@@ -340,6 +340,9 @@ _ALL: tuple[Scenario, ...] = (
     _default_rtt_batched(
         "batched-2", "2 batches in flight, up to 4 for slow round trips", max_in_flight=2
     ),
+    _default_rtt_batched(
+        "slow-2ms", "1 batch in flight, a slow slot after 2 ms", slow_after_s=0.002
+    ),
     Scenario(
         "run-1-rtt-10",
         "run",
@@ -358,6 +361,14 @@ _ALL: tuple[Scenario, ...] = (
         steps=1,
         subscribe="run",
         run_threads=10,
+    ),
+    Scenario(
+        "wrapped-1-slow-2ms",
+        "wrapped",
+        "`exactly_once`, 1 step, BatchWrite, 1 batch in flight, a slow slot after 2 ms",
+        steps=1,
+        store="batched",
+        batching={"slow_after_s": 0.002},
     ),
     Scenario(
         "wrapped-1-fixed-2",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.report import _targets_table
 from benchmarks.targets import BEST_FLOOR, evaluate
 
 
@@ -61,3 +62,13 @@ def test_the_best_flow_control_floor_is_the_issue_s() -> None:
     assert BEST_FLOOR == 0.6
     (best,) = [t for t in evaluate(_report(2.0, 1.0, 0.5)) if "best flow control" in t["target"]]
     assert ">= 60% of the stock client's best" in best["target"]
+
+
+def test_an_unmet_targets_why_names_the_page_that_explains_it() -> None:
+    """The report is also written to docs/benchmarks-latency.md: a bare #anchor would break."""
+    generic = {"target": "t", "measured": "m", "met": False, "why": "rpcs", "stands": "s"}
+    paged = {**generic, "why": "latency", "page": "elsewhere.md"}
+    lines = _targets_table({"targets": [generic, paged, {**generic, "met": True}]})
+    assert "**no** ([why](benchmarks.md#why-rpcs))" in lines[2]
+    assert "**no** ([why](elsewhere.md#why-latency))" in lines[3]
+    assert "| yes |" in lines[4]
