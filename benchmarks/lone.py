@@ -42,7 +42,7 @@ import pubsub_worker
 from benchmarks.inprocess import _handler, _Message, _publish
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
-__all__ = ["LoneTimes", "main", "measure"]
+__all__ = ["LoneTimes", "firestore_client", "main", "measure"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class _Timer:
 
 
 @contextmanager
-def _firestore() -> Iterator[Any]:
+def firestore_client() -> Iterator[Any]:
     """A Firestore client: the emulator named by the environment, or one started here."""
     from google.cloud import firestore  # noqa: PLC0415 - after the emulator's env is set
 
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
-    with _firestore() as client:
+    with firestore_client() as client:
         for n in range(args.repeats):
             t = measure(
                 client, messages=args.messages, warmup=args.warmup, gap_s=args.gap_ms / 1000

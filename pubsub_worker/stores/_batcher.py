@@ -230,8 +230,12 @@ class WriteBatcher:
             self._threads.append(thread)
             thread.start()
 
-    def _run(self, batch: list[_Write]) -> None:
-        """Send a popped batch, settle every write in it, free its slot."""
+    def _run(self, batch: list[_Write], *, flusher: bool = False) -> None:
+        """Send a popped batch, settle every write in it, free its slot.
+
+        A flusher takes the next batch itself (:meth:`_flush_forever` loops): it
+        wakes no other for it.
+        """
         try:
             self._send(batch)
         except BaseException as exc:  # never leave a caller waiting (settled ones stay)
@@ -243,7 +247,7 @@ class WriteBatcher:
             with self._cond:
                 self._busy_docs.difference_update(w.doc_path for w in batch)
                 self._sending -= 1
-                if self._queue:
+                if self._queue and not flusher:
                     if not self._closed:
                         self._start_flushers()
                     self._wake_flusher()
@@ -251,7 +255,7 @@ class WriteBatcher:
     def _flush_forever(self) -> None:
         try:
             while (batch := self._take()) is not None:
-                self._run(batch)
+                self._run(batch, flusher=True)
         finally:
             with self._cond:
                 me = threading.current_thread()

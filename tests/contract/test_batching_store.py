@@ -371,6 +371,54 @@ def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
         store.close()
 
 
+def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_other(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """Its loop takes the next batch: a wake-up per batch would only be a futile switch."""
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
+    )
+    batcher = store.batcher
+    batcher._cond = condition = _CountingCondition()
+    permits = threading.Semaphore(0)
+    senders: list[str] = []
+    send = batcher._send
+
+    def gated(batch: list[Any]) -> None:
+        senders.append(threading.current_thread().name)
+        assert permits.acquire(timeout=10)
+        send(batch)
+
+    def sent(count: int) -> None:
+        _wait_until(lambda: len(senders) == count, f"{count} batches sent")
+
+    batcher._send = gated  # type: ignore[method-assign]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(store.create, "a", {"epoch": 1})]
+            sent(1)  # by the caller's thread: the slot was free
+            futures.append(pool.submit(store.create, "b", {"epoch": 1}))
+            _wait_until_queued(batcher, 1)
+            permits.release()  # the caller's batch ends: it wakes the flusher for "b"
+            sent(2)
+            futures.append(pool.submit(store.create, "c", {"epoch": 1}))
+            _wait_until_queued(batcher, 1)
+            woken = condition.notified
+            permits.release()  # the flusher's batch ends, "c" queued behind it
+            sent(3)
+            assert condition.notified == woken  # the flusher took "c" itself, woke none
+            assert senders[2] == senders[1] != senders[0]
+            permits.release()
+            for future in futures:
+                future.result(timeout=20)
+        for name in "abc":
+            assert store.get(name) is not None
+    finally:
+        for _ in range(3):
+            permits.release()
+        store.close()
+
+
 class _HeldSends:
     """Replaces a batcher's ``_send``: records when each batch went, holds each until released."""
 

@@ -89,10 +89,8 @@ def test_the_targets_judge_throughput_at_the_defaults_and_the_added_latency() ->
     assert latency["stands"].startswith("lone `run-1-rtt`: 50.0 ms from its callback's start")
 
 
-def test_the_added_latency_limit_is_two_round_trips_as_paid_or_the_proxy_s_without_a_lone_phase() -> (
-    None
-):
-    """The limit is the lone RPC's answer time (delay, emulator and client), not the delay."""
+def test_the_added_latency_limit_is_two_round_trips_as_paid() -> None:
+    """A lone RPC's answer time (delay, emulator, client); the proxy's delay without one."""
     runs = [*RUNS[:3], *(_run(NAMES[1], n, 240.0, p50, 170.0) for n, p50 in [(1, 123.0)])]
     runs[3]["phases"]["lone"]["firestore_rpc_ms_per_msg"] = 26.0  # 13 ms per RPC: limit 28
     latency = latency_targets(_report(runs))[2]
