@@ -129,12 +129,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.error("interrupted")
         return ExitCode.INTERRUPTED
     except Exception as exc:
+        if _interrupted(exc):
+            out.error("interrupted")
+            return ExitCode.INTERRUPTED
         code = _exit_code(exc)
         if code is ExitCode.INTERNAL and args.traceback:
             raise
         out.error(_message(exc, code))
         return code
     return code
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a Ctrl-C was on its way out.
+
+    A ``KeyboardInterrupt`` that lands inside a lock's ``with`` block or a
+    ``Condition.wait`` (a gRPC call waiting for its answer) can leave that
+    code releasing a lock it no longer holds; the ``RuntimeError`` it raises
+    then replaces the interrupt, which stays its context.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, KeyboardInterrupt):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
 
 
 def _exit_code(exc: Exception) -> ExitCode:

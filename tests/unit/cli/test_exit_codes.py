@@ -200,3 +200,25 @@ def test_ctrl_c_is_one_line_and_exit_130() -> None:
     assert process.returncode == 130, err
     assert one_line(err) == "pubsub-worker: interrupted"
     assert out == ""
+
+
+def test_an_error_raised_by_a_ctrl_c_on_its_way_out_is_the_interrupt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On Python 3.10 a Ctrl-C inside a gRPC call's ``Condition.wait`` can surface as
+    ``RuntimeError: cannot release un-acquired lock``, the interrupt as its context."""
+
+    def interrupted_in_a_lock(*_: object, **__: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("cannot release un-acquired lock") from None
+
+    def failing(*_: object, **__: object) -> None:
+        raise RuntimeError("cannot release un-acquired lock")
+
+    monkeypatch.setattr(pubsub_worker.cli.jobs, "cmd_list", interrupted_in_a_lock)
+    assert pubsub_worker.cli.main(["jobs", "list"]) == ExitCode.INTERRUPTED
+    assert capsys.readouterr().err == "pubsub-worker: interrupted\n"
+    monkeypatch.setattr(pubsub_worker.cli.jobs, "cmd_list", failing)
+    assert pubsub_worker.cli.main(["jobs", "list"]) == ExitCode.INTERNAL  # no interrupt: a bug
