@@ -331,15 +331,21 @@ class _CountingCondition(threading.Condition):
         super().notify(n)
 
 
+def _one_slot_counting_notifies(
+    client: Any, collection: str
+) -> tuple[BatchingFirestoreJobStore, _CountingCondition]:
+    """A store with one batch slot and no slow one, whose batcher counts its notifies."""
+    store = BatchingFirestoreJobStore(client, collection, max_in_flight=1, slow_in_flight=1)
+    store.batcher._cond = condition = _CountingCondition()
+    return store, condition
+
+
 def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
     firestore_client: Any, firestore_collection: str
 ) -> None:
     """A flusher woken with no slot free would find nothing to send: a freed slot wakes one."""
-    store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
-    )
+    store, condition = _one_slot_counting_notifies(firestore_client, firestore_collection)
     batcher = store.batcher
-    batcher._cond = condition = _CountingCondition()
     first_sent, release = threading.Event(), threading.Event()
     send = batcher._send
 
@@ -375,11 +381,8 @@ def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_
     firestore_client: Any, firestore_collection: str
 ) -> None:
     """Its loop takes the next batch: a wake-up per batch would only be a futile switch."""
-    store = BatchingFirestoreJobStore(
-        firestore_client, firestore_collection, max_in_flight=1, slow_in_flight=1
-    )
+    store, condition = _one_slot_counting_notifies(firestore_client, firestore_collection)
     batcher = store.batcher
-    batcher._cond = condition = _CountingCondition()
     permits = threading.Semaphore(0)
     senders: list[str] = []
     send = batcher._send
