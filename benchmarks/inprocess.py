@@ -17,6 +17,14 @@ exactly-once callback (``message.ack_with_response().result()``) the same
 way beside it: the wrapper's own Python when callbacks run side by side,
 which costs more than alone (``docs/benchmarks.md``).
 
+``--evict MB`` empties the CPU's caches before each message (it copies a
+buffer of ``MB`` megabytes; 64 is past this machine's 32 MB last-level
+cache) and times the messages alone: the path run cold, as a consumer runs
+it when other busy processes share its core between one message's steps
+(the emulators, on the benchmark's machine). Cold, the same Python costs
+several times what it costs warm, and the more of it a message runs, the
+more it pays (``docs/benchmarks.md``).
+
 ``--profile N`` prints the N functions with the most own time (``cProfile``)
 and the calls per message. Nothing here is a test or a target; the
 benchmark run (:mod:`benchmarks.run`) is where figures against the stock
@@ -152,19 +160,44 @@ def _started_wrapper() -> pubsub_worker.ExactlyOnce:
     return wrapped
 
 
-def run_once(messages: int, profile: cProfile.Profile | None = None) -> float:
-    """CPU seconds per message for ``messages`` one-step deliveries, each acked."""
+class _Evictor:
+    """Empties the CPU's caches: copies one buffer of ``megabytes`` over another."""
+
+    def __init__(self, megabytes: int) -> None:
+        size = megabytes * 1024 * 1024
+        self._target = bytearray(b"\x01") * size
+        self._source = bytearray(b"\x02") * size
+
+    def __call__(self) -> None:
+        self._target[:] = self._source
+
+
+def run_once(messages: int, profile: cProfile.Profile | None = None, *, evict_mb: int = 0) -> float:
+    """CPU seconds per message for ``messages`` one-step deliveries, each acked.
+
+    ``evict_mb``: empty the caches before each message (:class:`_Evictor`)
+    and count only the messages' own time.
+    """
     wrapped = _started_wrapper()
     batch = [_Message(n) for n in range(messages)]
+    evict = _Evictor(evict_mb) if evict_mb > 0 else None
     try:
-        started = time.process_time()
         if profile is not None:
             profile.enable()
-        for message in batch:
-            wrapped(message)
+        if evict is None:
+            started = time.process_time()
+            for message in batch:
+                wrapped(message)
+            spent = time.process_time() - started
+        else:
+            spent = 0.0
+            for message in batch:
+                evict()
+                started = time.thread_time()
+                wrapped(message)
+                spent += time.thread_time() - started
         if profile is not None:
             profile.disable()
-        spent = time.process_time() - started
     finally:
         wrapped.close()
     if not all(message.acked for message in batch):
@@ -240,17 +273,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--threads", type=int, default=0, metavar="N")
+    parser.add_argument("--evict", type=int, default=0, metavar="MB")
     args = parser.parse_args(argv)
+    if args.evict < 0:
+        parser.error(f"--evict must be >= 0 MB, got {args.evict}")
+    if args.evict and args.threads:
+        parser.error("--evict times one thread's messages: not with --threads")
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
     if args.threads > 0:
         return _side_by_side(args.messages, args.threads, args.repeats)
     run_once(min(args.messages, 1000))  # warm-up: imports, caches
     figures = []
     for n in range(args.repeats):
-        figures.append(run_once(args.messages) * 1000)
+        figures.append(run_once(args.messages, evict_mb=args.evict) * 1000)
         print(f"[{n + 1}/{args.repeats}] {figures[-1]:.3f} ms CPU per message", file=sys.stderr)
+    cold = f" (caches emptied of {args.evict} MB before each)" if args.evict else ""
     print(
-        f"CPU per message: median {statistics.median(figures):.3f} ms, "
+        f"CPU per message{cold}: median {statistics.median(figures):.3f} ms, "
         f"min {min(figures):.3f} ms over {args.repeats} runs of {args.messages} messages"
     )
     if args.profile:

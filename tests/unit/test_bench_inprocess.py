@@ -41,3 +41,24 @@ def test_it_runs_as_a_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("2 callback thread(s), 30 messages")
+
+
+def test_emptied_caches_time_only_the_messages_and_ack_every_one() -> None:
+    # run_once raises unless every message was acked
+    assert run_once(20, evict_mb=1) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--evict", "-1"], "--evict must be >= 0 MB, got -1"),
+        (["--evict", "8", "--threads", "2"], "not with --threads"),
+    ],
+)
+def test_bad_evict_values_are_refused_by_name(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
