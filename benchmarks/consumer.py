@@ -51,6 +51,7 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
 
+from benchmarks.cores import pin_self_from_env
 from benchmarks.counting import RpcCounter
 from benchmarks.scenarios import SCENARIOS, Scenario
 from benchmarks.threads import thread_cpu_s, thread_switches
@@ -385,7 +386,9 @@ class _Consumer:
 def run(config: ConsumerConfig) -> None:
     """Serve the protocol of the module docstring until ``exit`` or end of input."""
     consumer = _Consumer(config)
-    _emit("ready", rss_mb=_memory_mb("VmRSS"), pid=os.getpid())
+    _emit(
+        "ready", rss_mb=_memory_mb("VmRSS"), pid=os.getpid(), cpus=sorted(os.sched_getaffinity(0))
+    )
     for raw in sys.stdin:
         command = raw.strip()
         if command == "go":
@@ -402,6 +405,7 @@ def run(config: ConsumerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one JSON argument, the :class:`ConsumerConfig`."""
     args = sys.argv[1:] if argv is None else argv
+    pin_self_from_env()  # before any client starts a thread
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     run(ConsumerConfig(**json.loads(args[0])))
     sys.stdout.flush()

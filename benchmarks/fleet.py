@@ -442,6 +442,7 @@ def _process_summary(fleet: _Fleet) -> dict[str, Any]:
             outcomes[name] = outcomes.get(name, 0) + int(value)
     return {
         "rss_ready_mb": [m.ready.get("rss_mb", 0.0) for m in fleet.members],
+        "consumer_cpus": [m.ready.get("cpus") for m in fleet.members],
         "peak_rss_mb": [
             (m.result or m.marks.get("backlog") or {}).get("peak_rss_mb", 0.0)
             for m in fleet.members

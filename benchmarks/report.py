@@ -260,6 +260,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- Date: {report['date']}",
         f"- Machine: {machine['cpus']} cores ({machine['cpu_model']}), shared with other "
         f"work; Python {machine['python']}, {machine['platform']}",
+        f"- Cores: {report.get('cores', 'every process on every core')} "
+        "([why](benchmarks.md#cores))",
         f"- Emulators: {emulators}",
         f"- Clients: {clients}; pubsub_worker at {report.get('code', '?')}",
         f"- Per run: a fresh subscription; {options['messages']} messages of 256 bytes "

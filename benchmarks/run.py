@@ -26,6 +26,7 @@ import argparse
 import datetime
 import gzip
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import PROFILED, breakdown
+from benchmarks.cores import Layout, pin_tree
 from benchmarks.fleet import Plan, Publisher, run_once
 from benchmarks.latency import FIRESTORE_RTT_MS, PUBSUB_RTT_MS, DelayProxies
 from benchmarks.machine import emulators, machine, versions
@@ -81,9 +83,12 @@ class Options:
     firestore_rtt_ms: float = FIRESTORE_RTT_MS
     """Added to every Firestore round trip of the delayed scenarios (group ``latency``)."""
     pubsub_rtt_ms: float = PUBSUB_RTT_MS
+    """Added to every Pub/Sub round trip of the delayed scenarios."""
     settle: int = 0
     """At most this many discarded runs of :data:`SETTLE_SCENARIO` first; 0: none."""
-    """Added to every Pub/Sub round trip of the delayed scenarios."""
+    cores: str = "split"
+    """``split``: a one-process scenario's consumer on a core of its own
+    (:mod:`benchmarks.cores`); ``shared``: every process on every core."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -182,6 +187,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="added to every Pub/Sub round trip of the consumers of the delayed scenarios "
         "(default %(default)g)",
     )
+    parser.add_argument(
+        "--cores",
+        choices=("split", "shared"),
+        default="split",
+        help="split: the consumer of a one-process scenario on the last core, the emulators "
+        "and this harness on the others, as in production where Pub/Sub and Firestore run "
+        "elsewhere (benchmarks/cores.py); shared: every process on every core (default "
+        "%(default)s; split needs two cores)",
+    )
     args = parser.parse_args(argv)
     for flag, value in (
         ("--firestore-rtt-ms", args.firestore_rtt_ms),
@@ -224,6 +238,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         firestore_rtt_ms=args.firestore_rtt_ms,
         pubsub_rtt_ms=args.pubsub_rtt_ms,
         settle=max(pick(args.settle, 8, 0), 0),
+        cores=args.cores,
     )
 
 
@@ -344,6 +359,21 @@ class _Session:
         self.settling: list[float] = []  # the Firestore emulator's CPU ms per message, by run
         self.profiled: dict[str, dict[str, Any]] = {}  # the profile round, not in the figures
         self.proxies: DelayProxies | None = None  # started for the first delayed scenario
+        self.every_core = frozenset(os.sched_getaffinity(0))  # given back at the end
+        self.layout = Layout.split(self.every_core) if options.cores == "split" else None
+
+    def place(self, name: str) -> dict[str, str]:
+        """Move the emulators and this harness for scenario ``name``: off the consumer's core
+        when it runs one process, on every core otherwise; the consumers' variables."""
+        if self.layout is None:
+            return {}
+        alone = SCENARIOS[name].processes == 1
+        self._move(self.layout.rest if alone else self.every_core)
+        return dict(self.layout.consumer_env()) if alone else {}
+
+    def _move(self, cpus: frozenset[int]) -> None:
+        for pid in {os.getpid(), *self.emu.pids.values()}:  # the emulators and their children
+            pin_tree(pid, cpus)
 
     def env(self, name: str) -> dict[str, str]:
         """The consumers' environment over the emulators' own: the scenario's own, and the
@@ -391,7 +421,7 @@ class _Session:
             logs=self.logs,
             py_spy=self.spy if profiled or (options.py_spy and not warm) else None,
             profiles=self.raw_profiles if profiled else options.py_spy,
-            env=self.env(name),
+            env={**self.env(name), **self.place(name)},
         )
         self.progress.begin(label)
         t0 = time.monotonic()
@@ -472,6 +502,8 @@ class _Session:
             self.publisher.close()
             if self.proxies is not None:
                 self.proxies.close()
+            if self.layout is not None:
+                self._move(self.every_core)
 
 
 def _code() -> str:
@@ -543,6 +575,7 @@ def session_report(options: Options, emu: Any, sdk_root: Path | None = None) -> 
         "date": when.isoformat(timespec="seconds"),
         "duration_s": time.monotonic() - started,
         "machine": machine(),
+        "cores": session.layout.describe() if session.layout else "every process on every core",
         "versions": versions(sdk_root),
         "code": _code(),
         "options": {
