@@ -390,10 +390,8 @@ def _is_wrapped(handler: Any) -> bool:
 
 def _wrong_subscription(subscription: str | None, settings: Settings) -> str | None:
     """Why a message of ``subscription`` cannot be recorded under the settings' one, if so."""
-    if subscription is None:
-        return None  # the transport does not say (a pull): its own
     expected = settings.subscription_path
-    if subscription in (expected, settings.replay_subscription_path):
+    if subscription in (None, expected, settings.replay_subscription_path):
         return None  # its own, or its replays (recorded under its own)
     return (
         f"the message comes from {subscription}, but this worker records its jobs under "
