@@ -58,6 +58,10 @@ class Layout:
             "processes share every core"
         )
 
+    def kept_by(self, consumer_cpus: Iterable[Iterable[int] | None]) -> bool:
+        """Whether every consumer of a one-process run reported the consumer's cores."""
+        return all(set(cpus or ()) == self.consumer for cpus in consumer_cpus)
+
     def consumer_env(self) -> Mapping[str, str]:
         """The consumer process's variable that pins it (:func:`pin_self_from_env`)."""
         return {ENV: ",".join(str(cpu) for cpu in sorted(self.consumer))}

@@ -427,6 +427,12 @@ class _Session:
         t0 = time.monotonic()
         raw = run_once(plan, self.emu, self.publisher, self.admin, self.progress.phase)
         raw.update(scenario=name, repeat=repeat, label=label, backlog=plan.backlog)
+        layout, cpus = self.layout, raw.get("consumer_cpus")  # none: no consumer started
+        if layout and scenario.processes == 1 and cpus and not layout.kept_by(cpus):
+            _say(
+                f"warning: {label}'s consumer ran on cores {cpus}, not on "
+                f"core {sorted(layout.consumer)} as the layout says (the machine refused it)"
+            )
         prefix = (
             "settling " if settling else "warm-up " if warm else "profiled " if profiled else ""
         ) or f"r{repeat} "

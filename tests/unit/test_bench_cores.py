@@ -95,3 +95,11 @@ def test_without_the_variable_or_with_no_usable_core_nothing_moves() -> None:
     assert pin_self_from_env({ENV: " "}) is None
     assert pin_self_from_env({ENV: str(max(CPUS) + 1000)}) is None
     assert sorted(os.sched_getaffinity(0)) == CPUS
+
+
+def test_a_run_keeps_the_layout_only_if_every_consumer_reported_its_core() -> None:
+    layout = Layout(consumer=frozenset({1}), rest=frozenset({0}))
+    assert layout.kept_by([[1]])
+    assert not layout.kept_by([[0]])
+    assert not layout.kept_by([[0, 1]])
+    assert not layout.kept_by([None])  # a consumer that never said
