@@ -359,8 +359,7 @@ class _Session:
         self.settling: list[float] = []  # the Firestore emulator's CPU ms per message, by run
         self.profiled: dict[str, dict[str, Any]] = {}  # the profile round, not in the figures
         self.proxies: DelayProxies | None = None  # started for the first delayed scenario
-        self.every_core = frozenset(os.sched_getaffinity(0))  # given back at the end
-        self.layout = Layout.split(self.every_core) if options.cores == "split" else None
+        self.layout = Layout.split(os.sched_getaffinity(0)) if options.cores == "split" else None
 
     def place(self, name: str) -> dict[str, str]:
         """Move the emulators and this harness for scenario ``name``: off the consumer's core
@@ -368,7 +367,7 @@ class _Session:
         if self.layout is None:
             return {}
         alone = SCENARIOS[name].processes == 1
-        self._move(self.layout.rest if alone else self.every_core)
+        self._move(self.layout.rest if alone else self.layout.every)
         return dict(self.layout.consumer_env()) if alone else {}
 
     def _move(self, cpus: frozenset[int]) -> None:
@@ -509,7 +508,7 @@ class _Session:
             if self.proxies is not None:
                 self.proxies.close()
             if self.layout is not None:
-                self._move(self.every_core)
+                self._move(self.layout.every)  # every core given back
 
 
 def _code() -> str:
