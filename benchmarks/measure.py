@@ -114,6 +114,8 @@ def phase_stats(
         "callback_ms": percentiles([(r[2] - r[1]) * 1000 for r in records]),
         "slot_ms": percentiles([(r[3] - r[1]) * 1000 for r in records]),
         "latency_ms": percentiles([(r[5] - r[4]) * 1000 for r in records if r[4]]),
+        # Publish to the callback's start: the part of the latency before any callback ran.
+        "reach_ms": percentiles([(r[5] - (r[3] - r[1]) - r[4]) * 1000 for r in records if r[4]]),
         # Share of the callback threads busy in a callback: below 1, messages came too slowly.
         "occupancy": sum(r[2] - r[1] for r in records) / (elapsed * slots),
         "firestore": firestore,
