@@ -13,7 +13,7 @@ Groups (``--scenarios core,fleet``) select families; see :data:`GROUPS`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pubsub_worker.settings import Settings
@@ -343,6 +343,7 @@ _ALL: tuple[Scenario, ...] = (
     _default_rtt_batched(
         "slow-2ms", "1 batch in flight, a slow slot after 2 ms", slow_after_s=0.002
     ),
+    _default_rtt_batched("no-gather", "no batch held open for other jobs", gather_s=0.0),
     Scenario(
         "run-1-rtt-10",
         "run",
@@ -386,6 +387,21 @@ _ALL: tuple[Scenario, ...] = (
         store="batched",
         batching={"linger_s": 0.001},
     ),
+)
+
+_NO_GATHER = ("run-1", "run-1-rtt", "wrapped-1-c100")
+"""Tuning: these with no batch held open for other jobs' writes (``gather_s=0``)."""
+
+_ALL += tuple(
+    replace(
+        base,
+        name=f"{base.name}-no-gather",
+        label=f"{base.label}, BatchWrite, no batch held open for other jobs",
+        store="batched",
+        batching={"gather_s": 0.0},
+    )
+    for base in _ALL
+    if base.name in _NO_GATHER
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}

@@ -110,6 +110,8 @@ def build(
     publish = clients.publisher_function(publisher or clients.publisher_client(settings))
     metrics = Metrics()
     tracker = DeliveryTracker()
+    if isinstance(store, BatchingFirestoreJobStore):  # a batch is held open for other jobs
+        store.batcher.slots.writers = tracker.__len__
     keeper = LeaseKeeper(
         lease_s=settings.lease_seconds,
         max_processing_s=settings.max_processing_seconds,

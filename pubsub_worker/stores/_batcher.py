@@ -2,33 +2,35 @@
 
 :class:`WriteBatcher` queues raw ``Write`` protobufs and sends them together
 in one ``BatchWrite`` RPC (group commit), at most ``max_in_flight`` batches
-at a time (one by default). A write that finds a batch slot free is sent at once by the
-thread that brings it, with whatever else is queued (at most ``max_batch``
-writes and ``max_batch_bytes`` of serialized request, 4 MB by default: a
-request refused for its size, over 10 MiB in production or 4 MiB on the
-emulator, fails every write in it); writes that arrive while every slot is
-busy wait for a flusher thread, which sends them in one batch as soon as a
-slot frees. At low load a batch holds one write and nothing waits for a
-timer or another thread (``linger_s`` holds each batch open longer, on a
-flusher: fewer RPCs, more latency). When round trips are long, a write need
-not wait a whole one for a slot: once the youngest batch in flight has been
-out ``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight``
-(4) in all. On loopback an RPC is answered sooner and those slots mostly
-stay shut, so the writes that arrive meanwhile share the next batch: one
-batch at a time, not two, made 0.61 RPCs per message instead of 0.85 and
-cost 8% less CPU at 10 in flight, and at 10 ms round trips, the slow slots
-opening, the wrapped callback at the client's defaults made 97% of the
-stock client instead of 85% (``docs/benchmarks.md``). A batch never holds two writes to one
-document (they could apply in either order), and a document is never in two
-batches in flight at once.
+at a time (one by default). A write that finds a batch slot free is sent at
+once by the thread that brings it, with whatever else is queued (at most
+``max_batch`` writes and ``max_batch_bytes`` of serialized request, 4 MB by
+default: a request refused for its size, over 10 MiB in production or 4 MiB
+on the emulator, fails every write in it); writes that arrive while every
+slot is busy wait for a flusher, which sends them in one batch as a slot
+frees. At low load a batch holds one write and nothing waits for a timer or
+another thread (``linger_s`` holds each batch open longer, on a flusher:
+fewer RPCs, more latency).
 
-Each write's outcome is its own: ``BatchWrite`` is not atomic, and the
-response carries a status and an update time per write. Settling a write
-whose outcome is unknown is the store's part
-(:class:`~pubsub_worker.stores.batching.BatchingFirestoreJobStore`).
+Long round trips are not left to add up. A write need not wait a whole
+one for a slot: once the youngest batch in flight has been out
+``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
+in all. And while round trips are long (their moving average at least
+``slow_after_s``) and no batch is in flight, a batch is held open up to
+``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
+set by the worker) has no write out yet, a glance (a quarter of that)
+otherwise, for a callback about to start: the jobs of one pull response
+then claim, and complete, in one RPC, so their acks reach the client's
+dispatcher together instead of each behind the other's round trip. On
+loopback an RPC is answered sooner: the slow slots mostly stay shut,
+nothing is held open, and the writes that arrive meanwhile share the next
+batch (``docs/benchmarks.md`` has the figures). A batch never holds two
+writes to one document (they could apply in either order), and a document
+is never in two batches in flight at once.
 
-The RPC itself, sent raw on the client's own gRPC channel, is
-:mod:`pubsub_worker.stores._batch_rpc`.
+Each write's outcome is its own (``BatchWrite`` is not atomic); settling an
+unknown one is the store's part (:mod:`pubsub_worker.stores.batching`); the
+raw RPC on the client's own channel is :mod:`pubsub_worker.stores._batch_rpc`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 
 from ._batch_rpc import batch_write_call, failed, outcomes, request
+from ._slots import Slots
 from ._writes import framed_bytes
 from .base import Version
 
@@ -81,6 +84,8 @@ class _Write:
     """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
     size: int
     """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
+    queued_at: float = 0.0
+    """Monotonic time it was queued."""
     version: Version | None = None
     error: BaseException | None = None
     sent: bool = False
@@ -106,21 +111,19 @@ class _Write:
 class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
-    At most ``max_in_flight`` batches are in flight, and up to
-    ``slow_in_flight`` once the youngest of them has been out
-    ``slow_after_s`` (``slow_in_flight <= max_in_flight``: never more): a
-    write that finds a slot free is sent by its own thread; the others by up
-    to ``slow_in_flight`` flusher threads (started when a write has to wait,
-    ended once idle for ``idle_exit_s`` seconds); ``rpc_timeout_s`` bounds
-    each RPC. A batch holds at
-    most ``max_batch`` writes and at most ``max_batch_bytes`` bytes of
-    serialized ``BatchWriteRequest`` (1 to
-    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`), except that a
-    single write larger than that is sent alone (Firestore's own limits
-    then refuse that write, and only it). :meth:`submit`
-    blocks until its write's outcome is known and returns the new update
-    time, or raises the write's own error as a
-    :class:`google.api_core.exceptions.GoogleAPICallError`.
+    Its :attr:`slots` (:class:`~pubsub_worker.stores._slots.Slots`) say when a
+    batch may go: ``max_in_flight``, ``slow_in_flight`` and ``slow_after_s``,
+    and ``gather_s`` for the writes of the worker's other jobs (the worker
+    sets ``slots.writers``). A write that finds a slot free is sent by its
+    own thread; the others by up to ``slow_in_flight`` flusher threads
+    (started when a write has to wait, ended once idle for ``idle_exit_s``);
+    ``rpc_timeout_s`` bounds each RPC. A batch holds at most ``max_batch``
+    writes and ``max_batch_bytes`` of serialized ``BatchWriteRequest`` (1 to
+    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`), except
+    that a single larger write is sent alone (Firestore then refuses that
+    write, and only it). :meth:`submit` blocks until its write's outcome is
+    known and returns the new update time, or raises the write's own error
+    as a :class:`google.api_core.exceptions.GoogleAPICallError`.
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class WriteBatcher:
         max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
+        gather_s: float = 0.002,
         linger_s: float = 0.0,
         max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
         idle_exit_s: float = IDLE_EXIT_S,
@@ -140,27 +144,24 @@ class WriteBatcher:
             raise ValueError(f"max_batch must be 1..{MAX_BATCH_WRITES}")
         if not 1 <= max_batch_bytes <= MAX_BATCH_WRITE_BYTES:
             raise ValueError(f"max_batch_bytes must be 1..{MAX_BATCH_WRITE_BYTES}")
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
-        if slow_after_s <= 0:
-            raise ValueError("slow_after_s must be above 0")
+        self.slots = Slots(
+            max_in_flight=max_in_flight,
+            slow_in_flight=slow_in_flight,
+            slow_after_s=slow_after_s,
+            gather_s=gather_s,
+        )
         self._call, self._metadata = batch_write_call(client)
         self._database: str = client._database_string
         self._rpc_timeout_s = rpc_timeout_s
         self._max_batch = max_batch
         # What the writes of one batch may add to the request's own field (its database).
         self._write_budget = max_batch_bytes - framed_bytes(len(self._database.encode()))
-        self._max_in_flight = max_in_flight
-        self._slow_in_flight = max(slow_in_flight, max_in_flight)
-        self._slow_after_s = slow_after_s
         self._linger_s = linger_s
         self._idle_exit_s = idle_exit_s
         self._cond = threading.Condition()  # guards everything below
         self._queue: deque[_Write] = deque()
         self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
         self._busy_docs: set[str] = set()
-        self._sending = 0  # batches in flight, at most slow_in_flight
-        self._last_sent = 0.0  # monotonic time the youngest batch in flight was sent
         self._timed = False  # a flusher waits for the slow slots to open
         self._threads: list[threading.Thread] = []
         self._started = 0
@@ -185,9 +186,10 @@ class WriteBatcher:
         with self._cond:
             if self._closed:
                 raise StoreError("the job store is closed")
+            write.queued_at = now = time.monotonic()
             self._queue.append(write)
             self._queued_bytes += write.size
-            if self._linger_s == 0 and self._ready():
+            if self._linger_s == 0 and self._ready() and self._hold_for(now) is None:
                 batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
             if self._queue:
                 self._start_flushers()
@@ -220,7 +222,7 @@ class WriteBatcher:
     # -- flushers ---------------------------------------------------------------------
 
     def _start_flushers(self) -> None:
-        while len(self._threads) < self._slow_in_flight:
+        while len(self._threads) < self.slots.most:
             self._started += 1
             thread = threading.Thread(
                 target=self._flush_forever,
@@ -236,8 +238,11 @@ class WriteBatcher:
         A flusher takes the next batch itself (:meth:`_flush_forever` loops): it
         wakes no other for it.
         """
+        round_trip_s: float | None = None
+        started = time.monotonic()
         try:
             self._send(batch)
+            round_trip_s = time.monotonic() - started
         except BaseException as exc:  # never leave a caller waiting (settled ones stay)
             for write in batch:
                 write.settle(None, exc)
@@ -246,7 +251,7 @@ class WriteBatcher:
         finally:
             with self._cond:
                 self._busy_docs.difference_update(w.doc_path for w in batch)
-                self._sending -= 1
+                self.slots.give_back(round_trip_s)
                 if self._queue and not flusher:
                     if not self._closed:
                         self._start_flushers()
@@ -287,6 +292,10 @@ class WriteBatcher:
                     if not self._cond.wait(self._idle_exit_s) and not self._queue:
                         self._threads.remove(threading.current_thread())
                         return None
+                hold = self._hold_for(time.monotonic())
+                if hold is not None:  # other jobs' writes may join: see the module's doc
+                    self._cond.wait(hold)
+                    continue
                 if self._linger_s > 0:
                     deadline = time.monotonic() + self._linger_s
                     while (
@@ -333,8 +342,7 @@ class WriteBatcher:
         self._queued_bytes -= self._write_budget - room
         self._busy_docs.update(docs)
         if batch:
-            self._sending += 1
-            self._last_sent = time.monotonic()
+            self.slots.take(time.monotonic())
         if len(self._threads) > 1:
             self._wake_flusher()  # another flusher can take the rest
         return batch
@@ -357,20 +365,22 @@ class WriteBatcher:
 
     def _ready(self) -> bool:
         """A batch slot is free and some queued write's document is not in flight."""
-        if self._sending >= self._max_in_flight and self._slow_opens_in() != 0.0:
+        if not self.slots.free(time.monotonic()):
             return False
         return any(w.doc_path not in self._busy_docs for w in self._queue)
 
     def _slow_opens_in(self) -> float | None:
-        """Seconds until a slow slot opens (0.0: open now); None: none will, as things are.
+        """Seconds until a slow slot opens for the queued writes (:meth:`Slots.slow_opens_in`)."""
+        return self.slots.slow_opens_in(time.monotonic()) if self._queue else None
 
-        Past ``max_in_flight``, another batch may go once the youngest batch in
-        flight has been out ``slow_after_s``: with long round trips a write
-        waits that long for a slot, not a whole round trip.
-        """
-        if not self._max_in_flight <= self._sending < self._slow_in_flight or not self._queue:
+    def _hold_for(self, now: float) -> float | None:
+        """Seconds to hold the next batch open for other jobs' writes; None: send it now."""
+        if self._linger_s > 0 or not self._queue or len(self._queue) >= self._max_batch:
             return None
-        return max(self._last_sent + self._slow_after_s - time.monotonic(), 0.0)
+        if self._queued_bytes >= self._write_budget:
+            return None
+        writing = len(self._queue) + len(self._busy_docs)  # a write each, queued or in flight
+        return self.slots.hold_for(self._queue[0].queued_at, now, writing=writing)
 
     def _send(self, batch: list[_Write]) -> None:
         self.batches += 1

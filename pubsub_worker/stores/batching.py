@@ -54,8 +54,8 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
     The store ``exactly_once`` builds by default. Same documents, same
     semantics, one write at a time as seen by each caller; ``get`` and
     ``transact`` are the parent's. ``max_batch``, ``max_in_flight``,
-    ``slow_in_flight``, ``slow_after_s``, ``linger_s`` and ``max_batch_bytes``
-    tune the :class:`WriteBatcher`;
+    ``slow_in_flight``, ``slow_after_s``, ``gather_s``, ``linger_s`` and
+    ``max_batch_bytes`` tune the :class:`WriteBatcher`;
     the defaults are the ones that measured best (``docs/benchmarks.md``).
     """
 
@@ -70,6 +70,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
+        gather_s: float = 0.002,
         linger_s: float = 0.0,
         max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
     ) -> None:
@@ -85,6 +86,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
             max_in_flight=max_in_flight,
             slow_in_flight=slow_in_flight,
             slow_after_s=slow_after_s,
+            gather_s=gather_s,
             linger_s=linger_s,
             max_batch_bytes=max_batch_bytes,
             idle_exit_s=IDLE_EXIT_S,  # this module's, read when the store is built

@@ -1,0 +1,106 @@
+"""The batch slots of a write batcher: when the next ``BatchWrite`` may go.
+
+:class:`Slots` counts the batches in flight and says whether another may
+go now, when a slow slot opens, and how long a batch is held open for the
+writes of other jobs (:mod:`pubsub_worker.stores._batcher` explains the
+policy). It keeps no lock of its own: the batcher's lock guards it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["Slots"]
+
+_WEIGHT = 0.2
+"""The weight of the latest round trip in the moving average."""
+_GLANCE = 0.25
+"""The share of ``gather_s`` a batch is held open when no other job could add to it yet."""
+
+
+class Slots:
+    """Batches in flight, at most ``max_in_flight``, up to ``slow_in_flight`` while slow.
+
+    ``gather_s``: while round trips are long (their moving average at least
+    ``slow_after_s``) and no batch is in flight, a batch is held open up to
+    this long for the writes of the other jobs :attr:`writers` counts (0:
+    never; :meth:`hold_for`).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_in_flight: int,
+        slow_in_flight: int,
+        slow_after_s: float,
+        gather_s: float,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        if slow_after_s <= 0:
+            raise ValueError("slow_after_s must be above 0")
+        if gather_s < 0:
+            raise ValueError("gather_s must be 0 or more")
+        self._max_in_flight = max_in_flight
+        self.most = max(slow_in_flight, max_in_flight)
+        """The most batches in flight at once (and the most flushers)."""
+        self._slow_after_s = slow_after_s
+        self._gather_s = gather_s
+        self.sending = 0
+        """Batches in flight."""
+        self._last_sent = 0.0  # monotonic time the youngest batch in flight was sent
+        self.round_trip_s = 0.0
+        """Moving average of the batches' round trips, seconds (0 before the first)."""
+        self.writers: Callable[[], int] | None = None
+        """Jobs in flight in the worker (set by it); None: unknown, nothing is held open."""
+
+    def take(self, now: float) -> None:
+        """A batch goes."""
+        self.sending += 1
+        self._last_sent = now
+
+    def give_back(self, round_trip_s: float | None) -> None:
+        """A batch is done; ``round_trip_s``: how long it took, when it was answered."""
+        self.sending -= 1
+        if round_trip_s is not None:
+            average = self.round_trip_s
+            self.round_trip_s = (
+                round_trip_s if not average else average + _WEIGHT * (round_trip_s - average)
+            )
+
+    def free(self, now: float) -> bool:
+        """A batch may go now: a slot is free, or a slow one open."""
+        return self.sending < self._max_in_flight or self.slow_opens_in(now) == 0.0
+
+    def slow_opens_in(self, now: float) -> float | None:
+        """Seconds until a slow slot opens (0.0: open now); None: none will, as things are.
+
+        Past ``max_in_flight``, another batch may go once the youngest batch in
+        flight has been out ``slow_after_s``: with long round trips a write
+        waits that long for a slot, not a whole round trip.
+        """
+        if not self._max_in_flight <= self.sending < self.most:
+            return None
+        return max(self._last_sent + self._slow_after_s - now, 0.0)
+
+    def hold_for(self, queued_at: float, now: float, *, writing: int) -> float | None:
+        """Seconds to hold open a batch whose oldest write was queued at ``queued_at``.
+
+        None: send it now. Held only while round trips are long and no batch
+        is in flight (one in flight gathers the writes behind it already), at
+        most ``gather_s`` from its oldest write, while some job in flight has
+        no write queued or in flight (``writing`` of them have one) and so
+        may bring one; a write that finds no such job still waits a glance
+        (a quarter of ``gather_s``): the callbacks of the same pull response
+        start one after another, each once the thread before it blocks.
+        """
+        writers = self.writers
+        if not self._gather_s or writers is None or self.sending:
+            return None
+        if self.round_trip_s < self._slow_after_s:
+            return None
+        if writers() > writing:
+            left = queued_at + self._gather_s - now
+        else:
+            left = queued_at + self._gather_s * _GLANCE - now
+        return left if left > 0 else None
