@@ -12,21 +12,16 @@ frees. At low load a batch holds one write and nothing waits for a timer or
 another thread (``linger_s`` holds each batch open longer, on a flusher:
 fewer RPCs, more latency).
 
-Long round trips are not left to add up. A write need not wait a whole
-one for a slot: once the youngest batch in flight has been out
-``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
-in all. And while round trips are long (their moving average at least
-``slow_after_s``) and no batch is in flight, a batch is held open up to
-``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
-set by the worker) has no write out yet, a glance (a quarter of that)
-otherwise, for a callback about to start: the jobs of one pull response
-then claim, and complete, in one RPC, so their acks reach the client's
-dispatcher together instead of each behind the other's round trip. On
-loopback an RPC is answered sooner: the slow slots mostly stay shut,
-nothing is held open, and the writes that arrive meanwhile share the next
-batch (``docs/benchmarks.md`` has the figures). A batch never holds two
-writes to one document (they could apply in either order), and a document
-is never in two batches in flight at once.
+Long round trips are not left to add up (:class:`~._slots.Slots` has the
+rules): a write waits ``slow_after_s`` (5 ms) for a slot at most, not a
+whole round trip; and while round trips are long and no batch flies, a
+batch is held open up to ``gather_s`` (2 ms) for the writes of the
+worker's other jobs, so the jobs of one pull response claim, and complete,
+in one RPC and their acks reach the client's dispatcher together. On
+loopback the slow slots mostly stay shut, nothing is held open, and the
+writes that arrive meanwhile share the next batch (``docs/benchmarks.md``
+has the figures). A batch never holds two writes to one document (they
+could apply in either order), nor is a document in two batches in flight.
 
 Each write's outcome is its own (``BatchWrite`` is not atomic); settling an
 unknown one is the store's part (:mod:`pubsub_worker.stores.batching`); the
@@ -84,8 +79,9 @@ class _Write:
     """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
     size: int
     """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
-    queued_at: float = 0.0
-    """Monotonic time it was queued."""
+    create: bool = False
+    """A create: a job's first write (its claim)."""
+    queued_at: float = 0.0  # monotonic
     version: Version | None = None
     error: BaseException | None = None
     sent: bool = False
@@ -111,19 +107,17 @@ class _Write:
 class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
-    Its :attr:`slots` (:class:`~pubsub_worker.stores._slots.Slots`) say when a
-    batch may go: ``max_in_flight``, ``slow_in_flight`` and ``slow_after_s``,
-    and ``gather_s`` for the writes of the worker's other jobs (the worker
-    sets ``slots.writers``). A write that finds a slot free is sent by its
-    own thread; the others by up to ``slow_in_flight`` flusher threads
-    (started when a write has to wait, ended once idle for ``idle_exit_s``);
+    Its :attr:`slots` say when a batch may go (``max_in_flight``,
+    ``slow_in_flight``, ``slow_after_s``, ``gather_s``; the worker sets
+    ``slots.writers``). A write that finds a slot free is sent by its own
+    thread; the others by up to ``slow_in_flight`` flusher threads (started
+    when a write has to wait, ended once idle for ``idle_exit_s``);
     ``rpc_timeout_s`` bounds each RPC. A batch holds at most ``max_batch``
-    writes and ``max_batch_bytes`` of serialized ``BatchWriteRequest`` (1 to
-    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`), except
-    that a single larger write is sent alone (Firestore then refuses that
-    write, and only it). :meth:`submit` blocks until its write's outcome is
-    known and returns the new update time, or raises the write's own error
-    as a :class:`google.api_core.exceptions.GoogleAPICallError`.
+    writes and ``max_batch_bytes`` of serialized request (1 to
+    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`); a single
+    larger write goes alone (Firestore refuses it, and only it).
+    :meth:`submit` blocks until its write's outcome is known and returns
+    the new update time, or raises the write's own ``GoogleAPICallError``.
     """
 
     def __init__(
@@ -161,6 +155,7 @@ class WriteBatcher:
         self._cond = threading.Condition()  # guards everything below
         self._queue: deque[_Write] = deque()
         self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
+        self._queued_creates = 0
         self._busy_docs: set[str] = set()
         self._timed = False  # a flusher waits for the slow slots to open
         self._threads: list[threading.Thread] = []
@@ -171,8 +166,8 @@ class WriteBatcher:
         self.writes = 0
         """Writes sent so far (``writes / batches`` is the mean batch size)."""
 
-    def submit(self, write_pb: Any) -> Version:
-        """Queue one raw ``Write`` protobuf; wait for its outcome.
+    def submit(self, write_pb: Any, *, create: bool = False) -> Version:
+        """Queue one raw ``Write`` protobuf (``create``: a job's first); wait for its outcome.
 
         Raises the write's error: ``AlreadyExists``, ``FailedPrecondition``,
         ``NotFound`` for a failed precondition; any other
@@ -181,7 +176,7 @@ class WriteBatcher:
         ``ServiceUnavailable`` raised (it was never sent).
         """
         # Sized once, here, outside the lock (ByteSize() serializes the write).
-        write = _Write(write_pb.update.name, write_pb, framed_bytes(write_pb.ByteSize()))
+        write = _Write(write_pb.update.name, write_pb, framed_bytes(write_pb.ByteSize()), create)
         batch: list[_Write] = []
         with self._cond:
             if self._closed:
@@ -189,6 +184,7 @@ class WriteBatcher:
             write.queued_at = now = time.monotonic()
             self._queue.append(write)
             self._queued_bytes += write.size
+            self._queued_creates += create
             if self._linger_s == 0 and self._ready() and self._hold_for(now) is None:
                 batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
             if self._queue:
@@ -201,6 +197,7 @@ class WriteBatcher:
                 if not write.sent:
                     self._queue.remove(write)
                     self._queued_bytes -= write.size
+                    self._queued_creates -= write.create
                     raise gexc.ServiceUnavailable(  # type: ignore[no-untyped-call]
                         "the write waited too long for a batch"
                     )
@@ -336,6 +333,7 @@ class WriteBatcher:
             room -= write.size
             docs.add(doc)
             write.sent = True
+            self._queued_creates -= write.create
             batch.append(write)
         kept.extend(self._queue)
         self._queue = kept
@@ -380,7 +378,9 @@ class WriteBatcher:
         if self._queued_bytes >= self._write_budget:
             return None
         writing = len(self._queue) + len(self._busy_docs)  # a write each, queued or in flight
-        return self.slots.hold_for(self._queue[0].queued_at, now, writing=writing)
+        return self.slots.hold_for(
+            self._queue[0].queued_at, now, writing=writing, claims=self._queued_creates > 0
+        )
 
     def _send(self, batch: list[_Write]) -> None:
         self.batches += 1

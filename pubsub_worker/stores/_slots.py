@@ -2,8 +2,21 @@
 
 :class:`Slots` counts the batches in flight and says whether another may
 go now, when a slow slot opens, and how long a batch is held open for the
-writes of other jobs (:mod:`pubsub_worker.stores._batcher` explains the
-policy). It keeps no lock of its own: the batcher's lock guards it.
+writes of other jobs. It keeps no lock of its own: the batcher's
+(:mod:`pubsub_worker.stores._batcher`) guards it.
+
+Long round trips are not left to add up. A write need not wait a whole
+one for a slot: once the youngest batch in flight has been out
+``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
+in all. And while round trips are long (their moving average at least
+``slow_after_s``) and no batch is in flight, a batch is held open up to
+``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
+set by the worker) has no write out yet; a batch with a claim that finds
+none waits a glance (a quarter of that) for a callback about to start. The
+jobs of one pull response then claim, and complete, in one RPC, so their
+acks reach the client's dispatcher together instead of each behind the
+other's round trip. On loopback an RPC is answered sooner: the slow slots
+mostly stay shut and nothing is held open.
 """
 
 from __future__ import annotations
@@ -83,16 +96,19 @@ class Slots:
             return None
         return max(self._last_sent + self._slow_after_s - now, 0.0)
 
-    def hold_for(self, queued_at: float, now: float, *, writing: int) -> float | None:
+    def hold_for(self, queued_at: float, now: float, *, writing: int, claims: bool) -> float | None:
         """Seconds to hold open a batch whose oldest write was queued at ``queued_at``.
 
         None: send it now. Held only while round trips are long and no batch
         is in flight (one in flight gathers the writes behind it already), at
         most ``gather_s`` from its oldest write, while some job in flight has
         no write queued or in flight (``writing`` of them have one) and so
-        may bring one; a write that finds no such job still waits a glance
-        (a quarter of ``gather_s``): the callbacks of the same pull response
-        start one after another, each once the thread before it blocks.
+        may bring one. A batch with a job's first write (``claims``) that
+        finds no such job still waits a glance (a quarter of ``gather_s``):
+        the callbacks of the same pull response start one after another,
+        each once the thread before it blocks. A batch of later writes only
+        (completions) does not: a callback about to start would bring a
+        claim, which gains nothing from riding with them.
         """
         writers = self.writers
         if not self._gather_s or writers is None or self.sending:
@@ -101,6 +117,8 @@ class Slots:
             return None
         if writers() > writing:
             left = queued_at + self._gather_s - now
-        else:
+        elif claims:
             left = queued_at + self._gather_s * _GLANCE - now
+        else:
+            return None
         return left if left > 0 else None

@@ -105,7 +105,9 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
         write_id = uuid.uuid4().hex
         write = create_write(self._name(doc_id), {**fields, WRITE_ID: write_id})
-        return self._settled_create(doc_id, write_id, lambda: self.batcher.submit(write))
+        return self._settled_create(
+            doc_id, write_id, lambda: self.batcher.submit(write, create=True)
+        )
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
         write_id = uuid.uuid4().hex

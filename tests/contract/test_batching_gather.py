@@ -96,6 +96,18 @@ def test_the_only_job_s_write_waits_a_glance_for_a_callback_about_to_start(
     assert _GATHER_S / 4 <= batches.sent[0][0] - started < _GATHER_S / 4 + 0.3
 
 
+def test_the_only_job_s_update_goes_at_once(slow_store: BatchingFirestoreJobStore) -> None:
+    """A completion waits no glance: a callback about to start would only bring a claim."""
+    slow_store.batcher.slots.writers = lambda: 1
+    version = slow_store.get("first")
+    assert version is not None
+    batches = _Batches(slow_store)
+    started = time.monotonic()
+    slow_store.update("first", {("epoch",): 2}, expected=version.version)
+    assert batches.docs() == [["first"]]
+    assert batches.sent[0][0] - started < _GATHER_S / 4
+
+
 def test_without_a_worker_a_write_goes_at_once_on_its_own_thread(
     slow_store: BatchingFirestoreJobStore,
 ) -> None:

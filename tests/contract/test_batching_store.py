@@ -150,11 +150,11 @@ def test_a_write_that_lands_after_its_settling_read_is_recognised_as_ours(
     real_submit, real_get = batcher.submit, lingering.get
     held: list[Any] = []
 
-    def lose_reply(write_pb: Any) -> Version:
+    def lose_reply(write_pb: Any, *, create: bool = False) -> Version:
         if not held:
             held.append(write_pb)  # sent, but slow: it lands after the next read
             raise gexc.DeadlineExceeded("reply lost")  # type: ignore[no-untyped-call]
-        return real_submit(write_pb)
+        return real_submit(write_pb, create=create)
 
     def read_then_land(doc_id: str) -> Any:
         snap = real_get(doc_id)

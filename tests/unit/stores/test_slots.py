@@ -14,6 +14,11 @@ def _slots(*, writers: int | None = 3, gather_s: float = 0.002) -> Slots:
     return slots
 
 
+def _claim_held(slots: Slots, *, queued_at: float, now: float, writing: int) -> float | None:
+    """How long a batch with a claim is held."""
+    return slots.hold_for(queued_at, now, writing=writing, claims=True)
+
+
 def _slow(slots: Slots) -> Slots:
     """The slots after one batch answered in 10 ms (over ``slow_after_s``)."""
     slots.take(0.0)
@@ -52,27 +57,37 @@ def test_the_round_trip_is_a_moving_average_of_the_answered_batches() -> None:
 def test_a_batch_is_held_open_while_a_job_in_flight_has_no_write_out_yet() -> None:
     """Three jobs in flight, one write queued: the other two may still bring theirs."""
     slots = _slow(_slots(writers=3))
-    assert slots.hold_for(queued_at=1.0, now=1.0005, writing=1) == pytest.approx(0.0015)
-    assert slots.hold_for(queued_at=1.0, now=1.0005, writing=2) == pytest.approx(0.0015)
-    assert slots.hold_for(queued_at=1.0, now=1.002, writing=1) is None  # gather_s at most
+    assert _claim_held(slots, queued_at=1.0, now=1.0005, writing=1) == pytest.approx(0.0015)
+    assert _claim_held(slots, queued_at=1.0, now=1.0005, writing=2) == pytest.approx(0.0015)
+    assert _claim_held(slots, queued_at=1.0, now=1.002, writing=1) is None  # gather_s at most
 
 
 def test_with_every_job_s_write_out_a_batch_waits_a_glance_at_most() -> None:
     """Nobody else could add a write: a quarter of ``gather_s``, for a callback not yet started."""
     slots = _slow(_slots(writers=2))
-    assert slots.hold_for(queued_at=1.0, now=1.0001, writing=2) == pytest.approx(0.0004)
-    assert slots.hold_for(queued_at=1.0, now=1.0005, writing=2) is None
+    assert _claim_held(slots, queued_at=1.0, now=1.0001, writing=2) == pytest.approx(0.0004)
+    assert _claim_held(slots, queued_at=1.0, now=1.0005, writing=2) is None
     alone = _slow(_slots(writers=1))
-    assert alone.hold_for(queued_at=1.0, now=1.0, writing=1) == pytest.approx(0.0005)
-    assert alone.hold_for(queued_at=1.0, now=1.0006, writing=1) is None
+    assert _claim_held(alone, queued_at=1.0, now=1.0, writing=1) == pytest.approx(0.0005)
+    assert _claim_held(alone, queued_at=1.0, now=1.0006, writing=1) is None
+
+
+def test_a_batch_of_later_writes_only_waits_no_glance() -> None:
+    """Completions: a callback about to start would bring a claim, which gains nothing."""
+    alone = _slow(_slots(writers=1))
+    assert alone.hold_for(queued_at=1.0, now=1.0, writing=1, claims=False) is None
+    slots = _slow(_slots(writers=3))  # a job without a write out may still bring one
+    assert slots.hold_for(queued_at=1.0, now=1.0005, writing=1, claims=False) == pytest.approx(
+        0.0015
+    )
 
 
 def test_with_a_batch_in_flight_nothing_is_held_the_writes_gather_behind_it() -> None:
     slots = _slow(_slots(writers=3))
     slots.take(1.0)
-    assert slots.hold_for(queued_at=1.0, now=1.0, writing=1) is None
+    assert _claim_held(slots, queued_at=1.0, now=1.0, writing=1) is None
     slots.give_back(0.010)
-    assert slots.hold_for(queued_at=1.0, now=1.0, writing=1) == pytest.approx(0.002)
+    assert _claim_held(slots, queued_at=1.0, now=1.0, writing=1) == pytest.approx(0.002)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +104,7 @@ def test_a_batch_goes_at_once(
     slots = _slots(writers=writers, gather_s=gather_s)
     slots.take(0.0)
     slots.give_back(round_trip_s)
-    assert slots.hold_for(queued_at=1.0, now=1.0, writing=1) is None, why
+    assert _claim_held(slots, queued_at=1.0, now=1.0, writing=1) is None, why
 
 
 @pytest.mark.parametrize(
