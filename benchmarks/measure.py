@@ -116,6 +116,8 @@ def phase_stats(
         "latency_ms": percentiles([(r[5] - r[4]) * 1000 for r in records if r[4]]),
         # Publish to the callback's start: the part of the latency before any callback ran.
         "reach_ms": percentiles([(r[5] - (r[3] - r[1]) - r[4]) * 1000 for r in records if r[4]]),
+        # The callback's return to the ack's answer: the ack's own wait (0 where it waits inside).
+        "after_ms": percentiles([(r[3] - r[2]) * 1000 for r in records]),
         # Share of the callback threads busy in a callback: below 1, messages came too slowly.
         "occupancy": sum(r[2] - r[1] for r in records) / (elapsed * slots),
         "firestore": firestore,
