@@ -7,14 +7,14 @@ that holds only what its transport needs (the receipt times of the
 subscriber's scheduler; the HTTP request and its answer) and a :class:`Door`
 saying what its transport asks of the engine. Everything else is here, once:
 
-* the handler, checked when the engine is made (:mod:`.handler`), and the
-  runtime, built at :meth:`Engine.start` from the settings;
-* the intake of a delivery (:meth:`Engine.deliver`): registered as the
-  latest delivery of its message, its lease watched, its processing cap
-  counted from receipt, then :class:`~pubsub_worker._worker.flow.DeliveryFlow`;
+* the handler, checked when the engine is made (:mod:`.handler`), and the runtime,
+  built at :meth:`Engine.start` from the settings;
+* the intake of a delivery (:meth:`Engine.deliver`): registered as the latest delivery
+  of its message, its lease watched, its processing cap counted from receipt, then
+  :class:`~pubsub_worker._worker.flow.DeliveryFlow`;
 * the lifecycle (start, drain, stop, close), the one shutdown sequence
-  (:meth:`~Engine.begin_shutdown`: no new claims, one grace, then a stop at
-  the next boundary) and the readiness answer.
+  (:meth:`~Engine.begin_shutdown`: no new claims, one grace, then a stop at the next
+  boundary) and the readiness answer.
 """
 
 from __future__ import annotations
@@ -109,12 +109,11 @@ PULL = Door("pull")
 class Engine:
     """Delivers messages to one handler through the job protocol. Thread-safe.
 
-    ``handler`` is ``handler(message, job)`` or an existing
-    ``callback(message)``, sync or ``async def``, or one wrapped already
-    (``@exactly_once``: its options are used where none are given here);
-    anything else raises :class:`~pubsub_worker.errors.InvalidHandler` now.
-    Nothing is read from the environment until :meth:`start` or the first
-    delivery.
+    ``handler`` is ``handler(message, job)`` or an existing ``callback(message)``, sync
+    or ``async def``, or one wrapped already (``@exactly_once``: its options are used
+    where none are given here); anything else raises
+    :class:`~pubsub_worker.errors.InvalidHandler` now. Nothing is read from the
+    environment until :meth:`start` or the first delivery.
     """
 
     def __init__(self, handler: Any, *, door: Door = PULL, **options: Unpack[Options]) -> None:
@@ -180,6 +179,7 @@ class Engine:
                 self._shutdown = None
             self._closed = False
             rt = self._runtime
+            rt.acks.resume()
             if conclude_off_thread:
                 rt.completer.reopen(concluding_threads)
             if not rt.checked and (check_subscription or not self.door.reads_subscription):
@@ -221,16 +221,16 @@ class Engine:
     def drain(self, timeout_s: float | None = None) -> bool:
         """Stop taking jobs; conclude on callback threads; wait for those handed off.
 
-        A delivery not yet claimed is concluded without a claim (nacked: the
-        next worker takes it), also one waiting for its key. False if
-        ``timeout_s`` passed with conclusions still under way.
+        A delivery not yet claimed is concluded without a claim (nacked: the next worker
+        takes it), also one waiting for its key; acks under way are waited for, later ones
+        go through the client's dispatcher. False if ``timeout_s`` passed first.
         """
         self._draining.set()
         rt = self._runtime
         if rt is None:
             return True
         rt.gate.wake()
-        return rt.completer.close(timeout_s)
+        return rt.completer.close(timeout_s) & rt.acks.stop(timeout_s)
 
     def wait_concluded(self, timeout_s: float | None = None) -> bool:
         """Wait until the deliveries handed off so far are concluded."""
@@ -248,6 +248,7 @@ class Engine:
             self._closed = True
         if rt is not None:
             rt.completer.close()
+            rt.acks.stop()
             rt.keeper.stop()
         self.call.loop.stop()
 
@@ -289,10 +290,7 @@ class Engine:
             self.stop_jobs()
 
     def finish_shutdown(self, timeout_s: float) -> bool:
-        """After :meth:`begin_shutdown`: wait out the grace, then the stopped jobs, and close.
-
-        False when deliveries were still in flight ``timeout_s`` after the grace.
-        """
+        """Wait out the grace, then up to ``timeout_s`` for the stopped jobs; close. False: late."""
         self.begin_shutdown().join()
         deadline = time.monotonic() + timeout_s
         while self.watched() and time.monotonic() < deadline:

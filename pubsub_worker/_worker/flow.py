@@ -368,7 +368,9 @@ class DeliveryFlow:
         note_order(
             rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
         )
-        settle(decision, self._message, metrics=rt.metrics, log=self.log, on_ack=acked)
+        settle(
+            decision, self._message, metrics=rt.metrics, log=self.log, on_ack=acked, acks=rt.acks
+        )
         if not decision.outcome.acks:
             rt.hooks.settled(message_id, decision.outcome.value, None)
             self._answer.set(Settled(decision))

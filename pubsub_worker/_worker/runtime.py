@@ -22,6 +22,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pubsub_worker._delivery.acks import Acks
 from pubsub_worker._delivery.generations import DeliveryTracker, KeyGate, OrderingKeys
 from pubsub_worker._delivery.lease import LeaseKeeper
 from pubsub_worker._job.context import JobContext, Publish
@@ -70,6 +71,8 @@ class Runtime:
     owner: str
     """This process's worker id: host/pid/random."""
     completer: Completer
+    acks: Acks
+    """Sends the acks of stock clients' messages straight to Pub/Sub, several RPCs at once."""
     """Concludes deliveries whose handler returned, off their callback threads (once opened:
     only a caller that drains it before closing the stream may, as :func:`run` does)."""
     draining: threading.Event
@@ -165,6 +168,7 @@ def build(
         hooks=hooks,
         owner=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}",
         completer=Completer(settings.max_messages, taking=False),  # run() opens it
+        acks=Acks(),
         draining=draining,
         ordering=(
             OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)) if ordering else None

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
 from google.cloud.pubsub_v1.subscriber.message import Message
 
+from pubsub_worker._delivery.acks import Acks
 from pubsub_worker._delivery.generations import OrderingKeys
 from pubsub_worker._delivery.lease import LOST_STATUSES
 from pubsub_worker._support import fences
@@ -105,6 +106,7 @@ def settle(
     metrics: Metrics,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
     on_ack: AckObserver | None = None,
+    acks: Acks | None = None,
 ) -> None:
     """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
 
@@ -114,11 +116,13 @@ def settle(
     until the answer). ``on_ack`` gets the answer when it comes. With
     exactly-once delivery an ``INVALID_ACK_ID`` answer loses nothing (the
     next delivery sees the record and acks); it is counted as ``acks_lost``.
+    ``acks`` sends it, where it can, straight to Pub/Sub (:mod:`~pubsub_worker._delivery.acks`);
+    without, the message's own ``ack_with_response()`` does.
     """
     outcome = decision.outcome
     early = _EARLY.pop(id(message), None) if _EARLY else None  # sent by ack_early
     if outcome.acks:
-        _ack(message, metrics, log, on_ack, early)
+        _ack(message, metrics, log, on_ack, early if early is not None else acks)
     elif outcome is Outcome.DROP:
         message.drop()
     elif decision.delay_s > 0:
@@ -134,7 +138,7 @@ def _ack(
     metrics: Metrics,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
     on_ack: AckObserver | None,
-    early: concurrent.futures.Future[Any] | None = None,
+    sent: concurrent.futures.Future[Any] | Acks | None = None,
 ) -> None:
     def answered(future: concurrent.futures.Future[Any]) -> None:
         answer = "SUCCESS"
@@ -156,7 +160,10 @@ def _ack(
             on_ack(answer)
 
     try:
-        future = early if early is not None else message.ack_with_response()
+        if isinstance(sent, concurrent.futures.Future):
+            future = sent  # sent early (the durable-ack fence off in a test)
+        else:
+            future = sent.send(message) if sent is not None else message.ack_with_response()
     except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
         failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
         failed.set_exception(exc)
