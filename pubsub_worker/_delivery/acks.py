@@ -59,7 +59,7 @@ from google.pubsub_v1.types import AcknowledgeRequest
 from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status  # type: ignore[import-untyped]
 
-__all__ = ["MAX_ACK_IDS", "PROBE_S", "SLOW_AFTER_S", "Acks"]
+__all__ = ["MAX_ACK_IDS", "PROBE_S", "SLOW_AFTER_S", "Acks", "manager_of"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -157,9 +157,8 @@ class Acks:
 
     def _stream_of(self, message: Any) -> _Stream | None:
         """The stream ``message`` came from, when its acks can go straight to Pub/Sub."""
-        query = getattr(message, "_exactly_once_delivery_enabled_func", None)
-        manager = getattr(query, "__self__", None)
-        if query is None or manager is None or getattr(message, "opentelemetry_data", None):
+        manager = manager_of(message)
+        if manager is None or getattr(message, "opentelemetry_data", None):
             return None
         with self._lock:
             try:
@@ -171,7 +170,8 @@ class Acks:
             stream = _Stream.of(manager)
             with self._lock:
                 self._streams[manager] = stream
-        if stream is None or not query() or not stream.active():
+        exactly_once = message._exactly_once_delivery_enabled_func()
+        if stream is None or not exactly_once or not stream.active():
             return None  # without exactly-once delivery the stream carries the acks; closing:
         return stream  # the client's dispatcher sends its queued acks before the stream ends
 
@@ -228,6 +228,16 @@ class Acks:
             else:
                 for message, answer in following:  # stopped meanwhile: the stock way
                     _chain(message.ack_with_response(), answer)
+
+
+def manager_of(message: Any) -> Any | None:
+    """The streaming pull manager a stock client's message came from, or None.
+
+    The client builds each message with its manager's exactly-once query, a
+    bound method: its ``__self__`` is the manager (its subscription, its client).
+    """
+    query = getattr(message, "_exactly_once_delivery_enabled_func", None)
+    return getattr(query, "__self__", None)
 
 
 class _Stream:

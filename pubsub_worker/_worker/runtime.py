@@ -71,10 +71,10 @@ class Runtime:
     owner: str
     """This process's worker id: host/pid/random."""
     completer: Completer
-    acks: Acks
-    """Sends the acks of stock clients' messages straight to Pub/Sub, several RPCs at once."""
     """Concludes deliveries whose handler returned, off their callback threads (once opened:
     only a caller that drains it before closing the stream may, as :func:`run` does)."""
+    acks: Acks
+    """Sends the acks of stock clients' messages straight to Pub/Sub, several RPCs at once."""
     draining: threading.Event
     """Set when the worker stops taking messages: a delivery not yet claimed is nacked."""
     ordering: OrderingKeys | None

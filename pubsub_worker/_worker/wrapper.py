@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.cloud.pubsub_v1.subscriber.message import Message
 
+from pubsub_worker._delivery.acks import manager_of
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.settings import Settings
 
@@ -192,13 +193,10 @@ class ExactlyOnce:
 def subscription_of(message: Message) -> str | None:
     """The subscription a stock client's message came from, or None when it cannot tell.
 
-    The client builds each message with its streaming pull manager's
-    exactly-once query, a bound method: its manager knows the subscription the
-    ``subscribe`` call was given.
+    Its streaming pull manager (:func:`~pubsub_worker._delivery.acks.manager_of`)
+    knows the subscription the ``subscribe`` call was given.
     """
-    query = getattr(message, "_exactly_once_delivery_enabled_func", None)
-    manager = getattr(query, "__self__", None)
-    subscription = getattr(manager, "_subscription", None)
+    subscription = getattr(manager_of(message), "_subscription", None)
     return subscription if isinstance(subscription, str) else None
 
 
