@@ -389,19 +389,28 @@ _ALL: tuple[Scenario, ...] = (
     ),
 )
 
-_NO_GATHER = ("run-1", "run-1-rtt", "wrapped-1-c100")
-"""Tuning: these with no batch held open for other jobs' writes (``gather_s=0``)."""
+_TUNINGS: tuple[tuple[str, str, dict[str, float], tuple[str, ...]], ...] = (
+    (
+        "no-gather",
+        "no batch held open for other jobs",
+        {"gather_s": 0.0},
+        ("run-1", "run-1-rtt", "wrapped-1-c100"),
+    ),
+    ("slow-2ms", "a slow slot after 2 ms", {"slow_after_s": 0.002}, ("run-1-rtt",)),
+)
+"""Tuning: these scenarios again on the batching store tuned so (suffix, what, tuning, bases)."""
 
 _ALL += tuple(
     replace(
         base,
-        name=f"{base.name}-no-gather",
-        label=f"{base.label}, BatchWrite, no batch held open for other jobs",
+        name=f"{base.name}-{suffix}",
+        label=f"{base.label}, BatchWrite, {what}",
         store="batched",
-        batching={"gather_s": 0.0},
+        batching=tuning,
     )
+    for suffix, what, tuning, bases in _TUNINGS
     for base in _ALL
-    if base.name in _NO_GATHER
+    if base.name in bases
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
