@@ -12,6 +12,7 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from benchmarks.scenarios import Scenario
 from pubsub_worker import AsyncJob, ExactlyOnce, Hooks, Job, Settings
+from pubsub_worker._delivery import acks
 from pubsub_worker.stores import FirestoreJobStore
 from pubsub_worker.stores.base import JobStore
 
@@ -96,6 +97,8 @@ def build_wrapped(
     particular ``MAX_MESSAGES`` stays at its default, which only ``run()`` reads.
     """
     settings = Settings(subscription=subscription, project=project, collection=collection)
+    if scenario.stock_acks:  # read when the wrapper is built: no direct ack, no probe
+        acks.SLOW_AFTER_S = acks.PROBE_S = float("inf")
     io_s = scenario.step_io_ms / 1000
     if scenario.kind == "legacy":
         handler: Any = _legacy

@@ -91,6 +91,9 @@ class Scenario:
     """The consumers reach both emulators through the session's delay proxies, which add
     production's round trips (``--firestore-rtt-ms``, ``--pubsub-rtt-ms``; see
     :mod:`benchmarks.latency`)."""
+    stock_acks: bool = False
+    """Every ack goes through the stock client's dispatcher, never straight to Pub/Sub
+    (:mod:`pubsub_worker._delivery.acks`): for tuning."""
     run_threads: int | None = None
     """``run()``'s ``PUBSUB_WORKER_MAX_MESSAGES`` (its callback threads; as many more
     messages prefetched, the default); None: its default (:data:`_RUN_THREADS`)."""
@@ -389,26 +392,32 @@ _ALL: tuple[Scenario, ...] = (
     ),
 )
 
-_TUNINGS: tuple[tuple[str, str, dict[str, float], tuple[str, ...]], ...] = (
+_BATCHED = "batched"
+_TUNINGS: tuple[tuple[str, str, dict[str, Any], tuple[str, ...]], ...] = (
     (
         "no-gather",
-        "no batch held open for other jobs",
-        {"gather_s": 0.0},
+        "BatchWrite, no batch held open for other jobs",
+        {"store": _BATCHED, "batching": {"gather_s": 0.0}},
         ("run-1", "run-1-rtt", "wrapped-1-c100"),
     ),
-    ("slow-2ms", "a slow slot after 2 ms", {"slow_after_s": 0.002}, ("run-1-rtt",)),
+    (
+        "slow-2ms",
+        "BatchWrite, a slow slot after 2 ms",
+        {"store": _BATCHED, "batching": {"slow_after_s": 0.002}},
+        ("run-1-rtt",),
+    ),
+    (
+        "stock-acks",
+        "every ack sent by the stock client",
+        {"stock_acks": True},
+        ("wrapped-1-default", "wrapped-1-memory-default", "run-1", "wrapped-1-c100"),
+    ),
 )
-"""Tuning: these scenarios again on the batching store tuned so (suffix, what, tuning, bases)."""
+"""Tuning: these scenarios again, changed so (suffix, what, the fields changed, bases)."""
 
 _ALL += tuple(
-    replace(
-        base,
-        name=f"{base.name}-{suffix}",
-        label=f"{base.label}, BatchWrite, {what}",
-        store="batched",
-        batching=tuning,
-    )
-    for suffix, what, tuning, bases in _TUNINGS
+    replace(base, name=f"{base.name}-{suffix}", label=f"{base.label}, {what}", **changes)
+    for suffix, what, changes, bases in _TUNINGS
     for base in _ALL
     if base.name in bases
 )
