@@ -12,6 +12,15 @@ import pytest
 
 import pubsub_worker
 from emulator import Emulators, SubscriptionHandle, drain_messages
+from pubsub_worker._delivery import acks
+
+
+@pytest.fixture(autouse=True)
+def production_acks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acks go straight to Pub/Sub, as at production's round trips (see
+    :func:`tests.support.production.production_acks`, which the worker processes
+    call); a test of the fast-network path sets ``SLOW_AFTER_S`` back."""
+    monkeypatch.setattr(acks, "SLOW_AFTER_S", 0.0)
 
 
 class RunningWorker:

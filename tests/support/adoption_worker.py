@@ -31,6 +31,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 
 import pubsub_worker
 from pubsub_worker._support.logs import configure
+from tests.support.production import production_acks
 from tests.support.worker import ChaosHooks, effect
 
 
@@ -78,6 +79,7 @@ def _subscribe(wrapped: pubsub_worker.ExactlyOnce) -> int:
 
 def main() -> int:
     configure("json", logging.INFO)
+    production_acks()
     logging.getLogger("google").setLevel(logging.WARNING)
     callback = SCENARIOS[_env("ADOPTION_SCENARIO", "async_publish_ack")]
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)

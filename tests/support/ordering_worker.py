@@ -23,6 +23,7 @@ from typing import Any
 
 import pubsub_worker
 from pubsub_worker._support.logs import configure
+from tests.support.production import production_acks
 from tests.support.worker import ChaosHooks, effect
 
 
@@ -56,6 +57,7 @@ def handle(message: Any, job: pubsub_worker.Job) -> None:
 
 def main() -> int:
     configure("json", logging.INFO)
+    production_acks()
     logging.getLogger("google").setLevel(logging.WARNING)
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)
     return pubsub_worker.run(handle, hooks=ChaosHooks())

@@ -69,6 +69,7 @@ from pubsub_worker._job.async_job import AsyncJob
 from pubsub_worker._support.logs import configure
 from pubsub_worker.hooks import Hooks
 from tests.support import gate
+from tests.support.production import production_acks
 
 
 def _env(name: str, default: str = "") -> str:
@@ -465,6 +466,7 @@ ASYNC_HANDLERS: dict[str, Callable[..., Any]] = {
 
 def main() -> int:
     configure("json", logging.INFO)
+    production_acks()
     logging.getLogger("google").setLevel(logging.WARNING)
     print(json.dumps({"worker": "ready", "pid": os.getpid()}), flush=True)
     handler = ASYNC_HANDLERS[SCENARIO] if ASYNC else HANDLERS[SCENARIO]
