@@ -283,6 +283,13 @@ def _settled(report: dict[str, Any]) -> str:
     if not costs:
         return ""
     figures = ", ".join(f"{c:.2f}" for c in costs)
+    if not report.get("settled", True):
+        return (
+            f"First {len(costs)} discarded run(s) of `wrapped-1`, and the emulators had **not "
+            f"settled** (the Firestore emulator's CPU per message, run by run: {figures} ms): "
+            "its cost was still moving, so the wrapped figures compare less well with other "
+            "sessions'. "
+        )
     return (
         f"First {len(costs)} discarded run(s) of `wrapped-1` settled the emulators (the "
         f"Firestore emulator's CPU per message, run by run: {figures} ms). "
