@@ -283,7 +283,7 @@ def _settled(report: dict[str, Any]) -> str:
     if not costs:
         return ""
     figures = ", ".join(f"{c:.2f}" for c in costs)
-    if not report.get("settled", True):
+    if not report["settled"]:
         return (
             f"First {len(costs)} discarded run(s) of `wrapped-1`, and the emulators had **not "
             f"settled** (the Firestore emulator's CPU per message, run by run: {figures} ms): "

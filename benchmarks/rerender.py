@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks.breakdown import breakdown
 from benchmarks.report import render_markdown, write_markdown
+from benchmarks.run import settled
 
 __all__ = ["main", "rerender"]
 
@@ -28,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def rerender(report: dict[str, Any], profiles: Path) -> dict[str, Any]:
-    """``report`` with each profiled run's breakdown derived again from ``profiles``."""
+    """``report`` with each profiled run's breakdown derived again from ``profiles``, and
+    whether its settling runs settled the emulators judged again from their figures."""
+    report["settled"] = settled(report.get("settling") or [])
     for name, run in report.get("profiled", {}).items():
         messages = run["phases"]["backlog"]["messages"] if run.get("ok") else 0
         run["breakdown"] = breakdown(profiles, name, messages)
