@@ -285,8 +285,8 @@ def _settled(report: dict[str, Any]) -> str:
     figures = ", ".join(f"{c:.2f}" for c in costs)
     if not report["settled"]:
         return (
-            f"First {len(costs)} discarded run(s) of `wrapped-1`, and the emulators had **not "
-            f"settled** (the Firestore emulator's CPU per message, run by run: {figures} ms): "
+            f"First {len(costs)} discarded run(s) of `wrapped-1` did **not** settle the "
+            f"emulators (the Firestore emulator's CPU per message, run by run: {figures} ms): "
             "its cost was still moving, so the wrapped figures compare less well with other "
             "sessions'. "
         )

@@ -52,7 +52,7 @@ def test_the_report_says_when_the_emulators_had_not_settled_at_the_limit() -> No
     assert not settled(costs)
     text = render_markdown(_report(costs, done=False))
     assert (
-        "First 8 discarded run(s) of `wrapped-1`, and the emulators had **not settled** (the "
+        "First 8 discarded run(s) of `wrapped-1` did **not** settle the emulators (the "
         "Firestore emulator's CPU per message, run by run: 7.00, 2.75, 3.00, 2.61, 2.19, 1.85, "
         "1.69, 1.06 ms)"
     ) in text
