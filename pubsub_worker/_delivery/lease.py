@@ -24,6 +24,10 @@ One named daemon thread wakes about once a second and, for each message:
   ``ProcessingTimeout``) and the message is not renewed any more; a held one
   is concluded at once as a failed attempt (the ticket's ``expire``).
 
+After each pass it releases what flow control allows of the messages a stock
+client holds with its stream running, which the client itself would leave
+until its next pull response (:mod:`.on_hold`).
+
 The two leases go together: while a job progresses (or is held), the keeper
 also has its Firestore lease renewed (``job.keep_alive()``, on a small pool of
 its own so that a slow write never delays a Pub/Sub renewal), whether or not
@@ -58,6 +62,7 @@ from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
 
 from .generations import Delivery
+from .on_hold import OnHold
 
 __all__ = ["LOST_STATUSES", "LeaseKeeper", "Leased", "Ticket", "TrackedJob"]
 
@@ -136,6 +141,8 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
+        self.on_hold = OnHold()
+        """The stock clients' messages on hold, released on each pass (:mod:`.on_hold`)."""
 
     def start(self) -> None:
         """Start the thread; idempotent."""
@@ -183,6 +190,7 @@ class LeaseKeeper:
     ) -> Ticket:
         """Keep ``message`` leased from ``received_at`` until :meth:`forget`."""
         ticket = Ticket(message, delivery, key, received_at, published_at, received_at)
+        self.on_hold.note(message)
         with self._lock:
             self._tickets.add(ticket)
         return ticket
@@ -326,6 +334,10 @@ class LeaseKeeper:
                 self.tick()
             except Exception:  # the keeper must outlive any one bad job
                 _LOGGER.exception("lease keeper pass failed")
+            try:
+                self.on_hold.release()
+            except Exception:  # a client whose internals differ: its own release stays
+                _LOGGER.exception("releasing the client's held messages failed")
 
 
 def _log(ticket: Ticket) -> JobLogger:
