@@ -73,8 +73,8 @@ def release_held(manager: Any) -> int:
     if held is None or lock is None or release is None or not held.size:
         return 0
     with lock:
-        if manager._scheduler is None or manager._leaser is None:  # closed
-            return 0
+        if manager._consumer is None or manager._scheduler is None or manager._leaser is None:
+            return 0  # closing (its consumer goes first) or closed: it nacks what it holds
         before = held.size
         if not before or manager.load >= _MAX_LOAD:
             return 0  # full: the settlements to come release them, or the next pass
