@@ -37,19 +37,26 @@ _IMMUTABLE = (str, bytes, int, float, bool, type(None), datetime)
 """Values a stored document holds that no caller can change in place: shared, not copied."""
 
 
+_SHARED = frozenset(_IMMUTABLE)
+"""The exact types of :data:`_IMMUTABLE`: most of a document's values, shared without a call."""
+
+
 def _copy(value: Any) -> Any:
     """A deep copy of a stored value: maps and lists copied, immutable values shared.
 
     What ``copy.deepcopy`` would give for a document's values, at a fraction of
     its cost (it was most of this store's CPU per write); other types fall
-    back to it.
+    back to it. A map's or list's items of an exact immutable type are shared
+    without a call of their own (a job's record is mostly strings and numbers).
     """
     if isinstance(value, _IMMUTABLE):
         return value
     if isinstance(value, dict):
-        return {name: _copy(item) for name, item in value.items()}
+        return {
+            name: item if type(item) in _SHARED else _copy(item) for name, item in value.items()
+        }
     if isinstance(value, list):
-        return [_copy(item) for item in value]
+        return [item if type(item) in _SHARED else _copy(item) for item in value]
     return copy.deepcopy(value)
 
 
