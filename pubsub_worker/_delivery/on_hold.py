@@ -45,6 +45,7 @@ class OnHold:
         self._lock = threading.Lock()  # guards _managers
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last: weakref.ReferenceType[Any] | None = None
+        self._failed = False  # a release raised once: the client's own release stays, no more
 
     def note(self, message: Any) -> None:
         """Remember the manager ``message`` came from (a stock client's; others are ignored)."""
@@ -59,10 +60,24 @@ class OnHold:
             self._last = weakref.ref(manager)
 
     def release(self) -> int:
-        """Release what each manager's load allows of its held messages; how many."""
+        """Release what each manager's load allows of its held messages; how many.
+
+        A release that raises (a client whose internals differ from these) is
+        logged once, with its traceback, and never tried again in this process.
+        """
+        if self._failed:
+            return 0
         with self._lock:
             managers = list(self._managers)
-        return sum(release_held(manager) for manager in managers)
+        try:
+            return sum(release_held(manager) for manager in managers)
+        except Exception:
+            self._failed = True
+            _LOGGER.exception(
+                "releasing the Pub/Sub client's held messages failed; left to the client "
+                "from now on (it releases them with its next pull response)"
+            )
+            return 0
 
 
 def release_held(manager: Any) -> int:

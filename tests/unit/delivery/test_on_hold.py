@@ -133,3 +133,27 @@ def test_a_manager_gone_is_forgotten() -> None:
     del manager
     gc.collect()
     assert on_hold.release() == 0
+
+
+def test_a_release_that_raises_is_logged_once_and_not_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager = _Manager(max_messages=2, held=2)
+    calls = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise AttributeError("'StreamingPullManager' object has no attribute '_leaser'")
+
+    manager._maybe_release_messages = broken  # type: ignore[method-assign]
+    on_hold = OnHold()
+    on_hold.note(_Message(manager))
+    with caplog.at_level(logging.ERROR, logger="pubsub_worker._delivery.on_hold"):
+        assert on_hold.release() == 0
+        assert on_hold.release() == 0
+    assert len(calls) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "releasing the Pub/Sub client's held messages failed; left to the client from now "
+        "on (it releases them with its next pull response)"
+    ]
+    assert caplog.records[0].exc_info is not None
