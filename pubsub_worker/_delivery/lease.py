@@ -141,7 +141,7 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
-        self.on_hold = OnHold()
+        self.on_hold = OnHold(metrics)
         """The stock clients' messages on hold, released on each pass (:mod:`.on_hold`)."""
 
     def start(self) -> None:

@@ -28,6 +28,8 @@ import threading
 import weakref
 from typing import Any
 
+from pubsub_worker._support.metrics import Counter, Metrics
+
 from .acks import manager_of
 
 __all__ = ["OnHold", "release_held"]
@@ -41,7 +43,8 @@ _MAX_LOAD = 1.0
 class OnHold:
     """The stock clients' streaming pull managers seen, and their held messages released."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._metrics = metrics
         self._lock = threading.Lock()  # guards _managers
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last: weakref.ReferenceType[Any] | None = None
@@ -70,7 +73,7 @@ class OnHold:
         with self._lock:
             managers = list(self._managers)
         try:
-            return sum(release_held(manager) for manager in managers)
+            released = sum(release_held(manager) for manager in managers)
         except Exception:
             self._failed = True
             _LOGGER.exception(
@@ -78,6 +81,9 @@ class OnHold:
                 "from now on (it releases them with its next pull response)"
             )
             return 0
+        if released and self._metrics is not None:
+            self._metrics.inc(Counter.HELD_RELEASED, released)
+        return released
 
 
 def release_held(manager: Any) -> int:

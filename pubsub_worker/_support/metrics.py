@@ -94,6 +94,11 @@ class Counter(_Described):
         "stale_commits",
         "Conditional writes of this worker rejected because another owner holds the job now.",
     )
+    HELD_RELEASED = (
+        "held_released",
+        "Messages the stock client held beyond flow control with its stream running, handed "
+        "out by the worker (the client releases them only while paused).",
+    )
 
 
 class Histogram(_Described):

@@ -70,11 +70,15 @@ def test_messages_held_with_the_stream_running_are_released(
         go.set()
         if released:
             assert wait_until(lambda: hooks.answered(ids)), hooks.snapshot()
+            # The keeper's pass fills flow control's one slot and pauses the stream, as the
+            # client's own release does; from then on each settlement releases the next.
+            assert wrapped.metrics.snapshot()["held_released"] == 1
         else:
             assert wait_until(lambda: answered(hooks, ids) == 1), hooks.snapshot()
             time.sleep(_STOCK_WAIT_S)
             assert manager._messages_on_hold.size == len(keys) - 1, hooks.snapshot()
             assert answered(hooks, ids) == 1, hooks.snapshot()
+            assert wrapped.metrics.snapshot()["held_released"] == 0
             assert release_held(manager) == 1  # flow control's one slot; then the stock pause
             assert wait_until(lambda: hooks.answered(ids)), hooks.snapshot()
 

@@ -18,6 +18,7 @@ import pytest
 from google.cloud.pubsub_v1.subscriber._protocol.messages_on_hold import MessagesOnHold
 
 from pubsub_worker._delivery.on_hold import OnHold, release_held
+from pubsub_worker._support.metrics import Metrics
 
 SUB = "projects/p/subscriptions/s"
 
@@ -113,12 +114,16 @@ def test_the_managers_of_received_messages_are_released_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     one, two = _Manager(max_messages=2, held=3), _Manager(max_messages=1, held=1)
-    on_hold = OnHold()
+    metrics = Metrics()
+    on_hold = OnHold(metrics)
     for manager in (one, one, two, one):
         on_hold.note(_Message(manager))
     on_hold.note(SimpleNamespace())  # a push delivery, a test's message: no manager
     with caplog.at_level(logging.INFO, logger="pubsub_worker._delivery.on_hold"):
         assert on_hold.release() == 3
+    assert metrics.snapshot()["held_released"] == 3
+    assert on_hold.release() == 0  # both full now
+    assert metrics.snapshot()["held_released"] == 3
     assert sorted(r.getMessage() for r in caplog.records) == [  # the managers in any order
         f"released {n} message(s) the Pub/Sub client held with its stream running "
         f"(subscription {SUB}): it releases held messages only while paused"
