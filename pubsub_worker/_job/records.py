@@ -62,6 +62,11 @@ class Recorded:
     value: Any
 
 
+_SAME_AFTER_JSON = frozenset({type(None), bool, int, float, str})
+"""Types whose JSON round trip gives back an equal value of the same type (exactly these,
+not subclasses: an ``IntEnum`` comes back an ``int``): their text need not be decoded."""
+
+
 @dataclass(frozen=True)
 class StagedStep:
     """A step's record, staged: what is left to write now, if anything."""
@@ -72,10 +77,14 @@ class StagedStep:
     """The step's outbox entries: written now, then published."""
     write_now: bool
     """The record is written before the step returns (outbox entries, or the lease is due)."""
+    returned: Any = None
+    """What the step's function returned (``result`` is its JSON)."""
 
     @property
     def value(self) -> Any:
         """The step's value as a later delivery gets it back: its JSON round trip."""
+        if type(self.returned) in _SAME_AFTER_JSON:
+            return self.returned  # the round trip would give back an equal value
         return json.loads(self.result)
 
 
@@ -107,6 +116,10 @@ class Budget:
     def add(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
         """Count a committed step (checked before its commit)."""
         self.used += step_bytes(name, result) + sum(entry_bytes(e) for e in entries)
+
+    def take(self, name: str, result: str, entries: list[OutboxEntry]) -> None:
+        """:meth:`check`, then :meth:`add`: the step is counted from its staging on."""
+        self.used += self.check(name, result, entries)
 
 
 def step_bytes(name: str, result: str) -> int:
@@ -172,17 +185,21 @@ def check_step_name(name: str) -> None:
         )
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-"""A step result's encoder, made once (``json.dumps`` with options makes one per call)."""
+_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+"""A step result's encoder, made once (``json.dumps`` with options makes one per call). Its
+text is ASCII: every other character escaped, so its length is its size in bytes."""
 
 
 def encode(step: str, value: Any) -> str:
     """The JSON text of a step result; :class:`PermanentError` when it is not JSON or too big."""
-    try:
-        text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+    kind = type(value)
+    if value is None or kind is bool:
+        return "null" if value is None else ("true" if value else "false")
+    try:  # an int as the encoder writes it, without building an encoder per call
+        text = int.__repr__(value) if kind is int else _ENCODER.encode(value)
+    except (TypeError, ValueError) as exc:  # ValueError: an int of more digits than str() allows
         raise PermanentError(f"the result of step {step!r} is not JSON: {exc}") from exc
-    if len(text.encode()) > MAX_RESULT_BYTES:
+    if len(text) > MAX_RESULT_BYTES:  # ASCII (the encoder escapes the rest): a byte each
         raise DocumentTooLarge(
             f"the result of step {step!r} is {len(text)} bytes; at most {MAX_RESULT_BYTES} "
             "are recorded (store large outputs elsewhere and return their reference)"

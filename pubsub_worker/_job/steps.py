@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._support import fences
-from pubsub_worker._support.metrics import Counter, Histogram
-from pubsub_worker._support.tracing import DeliveryTrace
+from pubsub_worker._support.metrics import Counter
+from pubsub_worker._support.tracing import DeliveryTrace, MeasuredStep
 from pubsub_worker.errors import (
     OutboxUnsent,
 )
@@ -238,14 +236,9 @@ class JobCore(JobOwnership):
         """A step's record waits for the next write (:meth:`open_step` writes it first)."""
         return self._doc.staged((s.STEPS,))
 
-    @contextmanager
-    def measured(self, name: str) -> Iterator[None]:
+    def measured(self, name: str) -> MeasuredStep:
         """A step's span (under the delivery's) and its duration, around its run and record."""
-        start = time.monotonic()
-        trace = self._trace
-        with trace.step(name) if trace is not None else nullcontext():
-            yield
-        self._ctx.metrics.observe(Histogram.STEP_DURATION, time.monotonic() - start, step=name)
+        return MeasuredStep(self._trace, self._ctx.metrics, name)
 
     @property
     def unsent_count(self) -> int:
@@ -271,8 +264,7 @@ class JobCore(JobOwnership):
         """:meth:`record_step` up to its write (no I/O): the record staged, what is left."""
         result = encode(name, value)
         changes, entries = self.outbox_changes(name)
-        self._budget.check(name, result, entries)
-        self._budget.add(name, result, entries)
+        self._budget.take(name, result, entries)
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._steps[name] = result
         self._doc.stage({(s.STEPS, name): self.step_record(result), **changes})
@@ -283,7 +275,7 @@ class JobCore(JobOwnership):
         write_now = bool(entries) or (
             self._doc.lease_due() and self._ctx.tracker.owns(self._delivery)
         )
-        return StagedStep(result, entries, write_now)
+        return StagedStep(result, entries, write_now, value)
 
     def write_step(self, name: str, staged: StagedStep) -> None:
         """Write a staged step's record now; then publish its outbox entries, if any."""

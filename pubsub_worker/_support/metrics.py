@@ -129,7 +129,10 @@ def _provider_set() -> bool:
     Read directly, it spares a no-op call per count; if a later
     ``opentelemetry-api`` renames it, every count is reported as before.
     """
-    return getattr(_otel_internal, "_METER_PROVIDER", _otel_internal) is not None
+    return getattr(_otel_internal, _PROVIDER, _otel_internal) is not None
+
+
+_PROVIDER = "_METER_PROVIDER"
 
 
 try:
@@ -203,14 +206,22 @@ class Metrics:
         else:
             with self._lock:
                 self._counts[counter] += amount
-        if self._meter is not None and _provider_set():
+        # _provider_set(), inlined: it runs on every count
+        if (
+            self._meter is not None
+            and getattr(_otel_internal, _PROVIDER, _otel_internal) is not None
+        ):
             self._otel[counter].add(amount, attributes)
 
     def observe(self, histogram: Histogram, seconds: float, **attributes: str) -> None:
         """Record one duration in ``histogram``."""
         with self._lock:
             self._histograms[histogram].add(seconds)
-        if self._meter is not None and _provider_set():
+        # _provider_set(), inlined: it runs on every count
+        if (
+            self._meter is not None
+            and getattr(_otel_internal, _PROVIDER, _otel_internal) is not None
+        ):
             self._otel_histograms[histogram].record(seconds, attributes)
 
     def histogram(self, histogram: Histogram) -> HistogramSnapshot:

@@ -367,7 +367,7 @@ class Engine:
         )
         flow = DeliveryFlow(rt, message, delivery, ticket, log, self.call)
         try:
-            wrong = _wrong_subscription(subscription, rt.settings)
+            wrong = _wrong_subscription(subscription, rt)
             if wrong is not None:
                 log.error("refused: %s", wrong)
                 flow.conclude(Happened(Phase.RECEIPT, error=ConfigError(wrong)))
@@ -386,10 +386,10 @@ def _is_wrapped(handler: Any) -> bool:
     return bool(getattr(handler, "__pubsub_worker_wrapped__", False))
 
 
-def _wrong_subscription(subscription: str | None, settings: Settings) -> str | None:
-    """Why a message of ``subscription`` cannot be recorded under the settings' one, if so."""
-    expected = settings.subscription_path
-    if subscription in (None, expected, settings.replay_subscription_path):
+def _wrong_subscription(subscription: str | None, rt: Runtime) -> str | None:
+    """Why a message of ``subscription`` cannot be recorded under the worker's one, if so."""
+    expected = rt.subscription
+    if subscription in (None, expected, rt.replay_subscription):
         return None  # its own, or its replays (recorded under its own)
     return (
         f"the message comes from {subscription}, but this worker records its jobs under "

@@ -101,7 +101,7 @@ def is_async(handler: Any) -> bool:
 
 def sync(result: Any) -> None:
     """A handler that returned an awaitable did nothing yet: never record it as completed."""
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):
         close = getattr(result, "close", None)
         if close is not None:
             close()

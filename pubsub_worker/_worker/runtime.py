@@ -88,6 +88,11 @@ class Runtime:
         """The subscription's full path (``settings.subscription_path``), resolved once."""
         return self.settings.subscription_path
 
+    @functools.cached_property
+    def replay_subscription(self) -> str:
+        """Where its replays arrive (``settings.replay_subscription_path``), resolved once."""
+        return self.settings.replay_subscription_path
+
 
 def build(
     settings: Settings,

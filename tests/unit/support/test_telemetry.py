@@ -161,6 +161,27 @@ def test_a_lost_ownership_and_a_failure_are_counted_by_phase(world: Callable[...
     assert w.wrapped.metrics.snapshot()["utilization"] == 0.0  # nothing in hand any more
 
 
+def test_a_step_that_raises_has_its_span_and_no_duration(world: Callable[..., World]) -> None:
+    """Its span ends with the error; only steps that ended well are timed."""
+    before = tally("pubsub_worker.step.duration", "step")
+
+    def boom() -> int:
+        raise ValueError("the step's call failed")
+
+    def handler(message: Any, job: pubsub_worker.Job) -> None:
+        job.step("fine", lambda: 1)
+        job.step("boom", boom)
+
+    w = world(handler)
+    assert w.deliver(FakeMessage(op="k")) == "nack"
+    spans = {x.name: x for x in _EXPORTER.get_finished_spans() if x.name.startswith("step ")}
+    assert spans["step fine"].status.is_ok
+    assert not spans["step boom"].status.is_ok
+    assert [event.name for event in spans["step boom"].events] == ["exception"]
+    timed = tally("pubsub_worker.step.duration", "step") - before
+    assert timed == {"fine": 1}
+
+
 def test_the_clients_own_process_span_is_used_not_duplicated(world: Callable[..., World]) -> None:
     """With the client's tracing on, its ``process`` span is current: no second one."""
 
