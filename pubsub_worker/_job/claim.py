@@ -45,6 +45,7 @@ _jitter = random.Random()
 """Jitter of retries and ticks, apart from the application's own ``random`` state."""
 
 _LOGGER = logging.getLogger(__name__)
+_RUNNING: str = Status.RUNNING.value  # read once: an enum member's value is a property
 _MAX_ROUNDS = 20
 
 
@@ -140,7 +141,7 @@ def _new_fields(request: ClaimRequest, now: datetime) -> dict[str, Any]:
         s.KEY: display(identity.key),
         s.SUBSCRIPTION: identity.subscription,
         s.SHARD: s.shard_of(identity.doc_id),
-        s.STATUS: Status.RUNNING.value,
+        s.STATUS: _RUNNING,
         s.EPOCH: 1,
         s.OWNER: request.owner,
         s.MESSAGE_ID: request.message_id,
@@ -247,7 +248,7 @@ def _take_over(
 ) -> dict[tuple[str, ...], Any]:
     """What a compare-and-set claim writes over ``record``."""
     changes: dict[tuple[str, ...], Any] = {
-        (s.STATUS,): Status.RUNNING.value,
+        (s.STATUS,): _RUNNING,
         (s.EPOCH,): record.epoch + 1,
         (s.OWNER,): request.owner,
         (s.MESSAGE_ID,): request.message_id,

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from pubsub_worker._support import fences
@@ -44,6 +44,7 @@ __all__ = ["FencedDocument"]
 T = TypeVar("T")
 
 _WRITE_ROUNDS = 3
+_COMPLETED: str = Status.COMPLETED.value  # read once: an enum member's value is a property
 
 
 class FencedDocument:
@@ -120,16 +121,19 @@ class FencedDocument:
         """A write would renew the lease now (:func:`~pubsub_worker._job.lease.renewal_due`)."""
         return renewal_due(self._last_write, self._lease_s)
 
-    def lease_changes(self) -> dict[tuple[str, ...], Any]:
+    def lease_changes(self, now: datetime | None = None) -> dict[tuple[str, ...], Any]:
         """The human-readable lease and ``updated_at`` (the update time is the real lease)."""
-        now = now_utc()
+        now = now_utc() if now is None else now
         return {
             (s.LEASE_EXPIRES_AT,): now + timedelta(seconds=self._lease_s),
             (s.UPDATED_AT,): now,
         }
 
-    def write(self, changes: Mapping[tuple[str, ...], Any] | None = None) -> None:
-        """Commit staged records plus ``changes``, conditioned on our last version.
+    def write(
+        self, changes: Mapping[tuple[str, ...], Any] | None = None, *, now: datetime | None = None
+    ) -> None:
+        """Commit staged records plus ``changes``, conditioned on our last version (``now``:
+        the time the lease is counted from, when the caller read it already).
 
         Raises :class:`LostOwnership` when another writer owns the document
         now, :class:`~pubsub_worker.errors.StoreError` when the store fails.
@@ -137,7 +141,7 @@ class FencedDocument:
         """
         with self._lock:
             merged = dict(self._pending)
-            merged.update(self.lease_changes())
+            merged.update(self.lease_changes(now))
             merged.update(changes or {})
             for _ in range(_WRITE_ROUNDS):
                 expected = self._version if self._version is not None else self.resettle()
@@ -157,11 +161,12 @@ class FencedDocument:
         now = now_utc()
         self.write(
             {
-                (s.STATUS,): Status.COMPLETED.value,
+                (s.STATUS,): _COMPLETED,
                 (s.COMPLETED_AT,): now,
                 (s.LEASE_EXPIRES_AT,): None,
                 (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
-            }
+            },
+            now=now,
         )
 
     def release(self, *, error: str | None, attempts: int) -> None:
