@@ -11,8 +11,9 @@ wrapper's own frames. It prints the calls per message of each phase, most
 first, and their total (the fake message's ack, its future and its callback
 are counted under ``settle``, where the wrapper calls them).
 
-Counts are deterministic: what a change to the per-message path removes or
-adds shows here exactly, phase by phase, where CPU figures need repeats
+Counts are the same from run to run on the same code (within a few calls when an
+OpenTelemetry SDK is set and records spans): what a change to the per-message
+path removes or adds shows here, phase by phase, where CPU figures need repeats
 (``docs/benchmarks.md``, "The per-message path, fourth pass"). Nothing here
 is a test or a target.
 """
