@@ -77,7 +77,7 @@ class StagedStep:
     """The step's outbox entries: written now, then published."""
     write_now: bool
     """The record is written before the step returns (outbox entries, or the lease is due)."""
-    returned: Any = None
+    returned: Any
     """What the step's function returned (``result`` is its JSON)."""
 
     @property

@@ -121,6 +121,10 @@ BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 """Histogram bucket bounds, in seconds (OpenTelemetry's explicit buckets, and Prometheus')."""
 
 
+_PROVIDER = "_METER_PROVIDER"
+"""Where ``opentelemetry.metrics`` keeps the meter provider set (see :func:`_provider_set`)."""
+
+
 def _provider_set() -> bool:
     """Whether a meter provider (an SDK) is set: until then every instrument is a no-op.
 
@@ -130,9 +134,6 @@ def _provider_set() -> bool:
     ``opentelemetry-api`` renames it, every count is reported as before.
     """
     return getattr(_otel_internal, _PROVIDER, _otel_internal) is not None
-
-
-_PROVIDER = "_METER_PROVIDER"
 
 
 try:
