@@ -17,6 +17,14 @@ exactly-once callback (``message.ack_with_response().result()``) the same
 way beside it: the wrapper's own Python when callbacks run side by side,
 which costs more than alone (``docs/benchmarks.md``).
 
+``--store firestore`` (with ``--threads``) runs the wrapper on the default
+(batching) Firestore store instead, on the emulator named by
+``FIRESTORE_EMULATOR_HOST`` or one started here, a fresh collection per run:
+the writes' own cost when callbacks run side by side (group commit, a
+thread's wait for its write, the batch's RPC), without Pub/Sub's. Beside
+CPU it reports the threads' context switches per message (each a wake-up:
+``benchmarks/threads.py``) and the ``BatchWrite`` RPCs per message.
+
 ``--evict MB`` empties the CPU's caches before each message (it copies a
 buffer of ``MB`` megabytes; 64 is past this machine's 32 MB last-level
 cache) and times the messages alone: the path run cold, as a consumer runs
@@ -42,15 +50,21 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import pubsub_worker
 from pubsub_worker.stores import MemoryJobStore
+from pubsub_worker.stores.base import JobStore
 
-__all__ = ["main", "run_once", "run_threaded"]
+from .threads import thread_switches
+
+__all__ = ["Threaded", "main", "run_once", "run_threaded"]
 
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
@@ -146,14 +160,14 @@ def _handler(message: Any, job: pubsub_worker.Job) -> None:
     job.step("one", lambda: 1)
 
 
-def _started_wrapper() -> pubsub_worker.ExactlyOnce:
-    """The one-step handler wrapped on a fresh in-memory store, started."""
+def _started_wrapper(store: JobStore | None = None) -> pubsub_worker.ExactlyOnce:
+    """The one-step handler wrapped on ``store`` (a fresh in-memory one by default), started."""
     wrapped: pubsub_worker.ExactlyOnce = pubsub_worker.exactly_once(
         _handler,
         settings=pubsub_worker.Settings(
             subscription=SUBSCRIPTION, key_attribute="op", lease_seconds=60
         ),
-        store=MemoryJobStore(),
+        store=MemoryJobStore() if store is None else store,
         publisher=_publish,
     )
     wrapped.start(check_subscription=False)
@@ -205,64 +219,105 @@ def run_once(messages: int, profile: cProfile.Profile | None = None, *, evict_mb
     return spent / messages
 
 
-def run_threaded(messages: int, threads: int, *, wrapped: bool) -> float:
-    """CPU seconds per message with ``threads`` callback threads: the wrapper's or the stock's.
+@dataclass(frozen=True)
+class Threaded:
+    """One threaded run's figures, per message."""
+
+    cpu_ms: float
+    switches: float
+    """Context switches of the process's threads (voluntary and not), per message."""
+    rpcs: float
+    """``BatchWrite`` RPCs per message (0 without Firestore)."""
+
+
+@contextmanager
+def _firestore_store(client: Any) -> Iterator[Any]:
+    """A batching Firestore store on a fresh collection of ``client``'s database, closed after."""
+    from pubsub_worker.stores.batching import BatchingFirestoreJobStore  # noqa: PLC0415
+
+    store = BatchingFirestoreJobStore(client, f"inprocess-{uuid.uuid4().hex[:12]}")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def run_threaded(messages: int, threads: int, *, wrapped: bool, client: Any = None) -> Threaded:
+    """Figures per message with ``threads`` callback threads: the wrapper's or the stock's.
 
     At most ``threads`` messages are in the callbacks' hands at once (a
     semaphore, as flow control); each ack is answered by one other thread.
+    ``client``: a Firestore client, for the wrapper on the batching store.
     """
     answerer = _Answerer(messages)
-    wrapper: Any = None
-    callback: Callable[[Any], None] = _stock
-    if wrapped:
-        wrapper = callback = _started_wrapper()
-    slots = threading.BoundedSemaphore(threads)
-    batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
+    stores = _firestore_store(client) if wrapped and client is not None else nullcontext(None)
+    with stores as store:
+        wrapper: Any = None
+        callback: Callable[[Any], None] = _stock
+        if wrapped:
+            wrapper = callback = _started_wrapper(store)
+        slots = threading.BoundedSemaphore(threads)
+        batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
 
-    def deliver(message: Any) -> None:
+        def deliver(message: Any) -> None:
+            try:
+                callback(message)
+            finally:
+                slots.release()
+
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-callback")
         try:
-            callback(message)
+            list(pool.map(lambda _: None, range(threads)))  # the threads started, not timed
+            switched = sum(thread_switches().values())
+            started = time.process_time()
+            for message in batch:
+                slots.acquire()
+                pool.submit(deliver, message)
+            if not answerer.done.wait(120):
+                raise AssertionError("not every ack was answered")
+            spent = time.process_time() - started
+            switched = sum(thread_switches().values()) - switched
         finally:
-            slots.release()
-
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-callback")
-    try:
-        list(pool.map(lambda _: None, range(threads)))  # the threads started, not timed
-        started = time.process_time()
-        for message in batch:
-            slots.acquire()
-            pool.submit(deliver, message)
-        if not answerer.done.wait(120):
-            raise AssertionError("not every ack was answered")
-        spent = time.process_time() - started
-    finally:
-        pool.shutdown()
-        answerer.close()
-        if wrapper is not None:
-            wrapper.close()
+            pool.shutdown()
+            answerer.close()
+            if wrapper is not None:
+                wrapper.close()
+        rpcs = store.batcher.batches / messages if store is not None else 0.0
     if not all(message.acked for message in batch):
         raise AssertionError("a message was not acked")
-    return spent / messages
+    return Threaded(spent / messages * 1000, switched / messages, rpcs)
 
 
-def _side_by_side(messages: int, threads: int, repeats: int) -> int:
+def _side_by_side(messages: int, threads: int, repeats: int, client: Any = None) -> int:
     """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
-    run_threaded(min(messages, 1000), threads, wrapped=True)  # warm-up
-    stock: list[float] = []
-    wrapped: list[float] = []
+    run_threaded(min(messages, 1000), threads, wrapped=True, client=client)  # warm-up
+    stock: list[Threaded] = []
+    wrapped: list[Threaded] = []
     for n in range(repeats):
-        stock.append(run_threaded(messages, threads, wrapped=False) * 1000)
-        wrapped.append(run_threaded(messages, threads, wrapped=True) * 1000)
+        stock.append(run_threaded(messages, threads, wrapped=False))
+        wrapped.append(run_threaded(messages, threads, wrapped=True, client=client))
         print(
-            f"[{n + 1}/{repeats}] stock {stock[-1]:.3f}, wrapped {wrapped[-1]:.3f} ms CPU "
-            "per message",
+            f"[{n + 1}/{repeats}] stock {stock[-1].cpu_ms:.3f}, wrapped "
+            f"{wrapped[-1].cpu_ms:.3f} ms CPU per message",
             file=sys.stderr,
         )
-    base, ours = statistics.median(stock), statistics.median(wrapped)
+
+    def median(runs: list[Threaded], figure: Callable[[Threaded], float]) -> float:
+        return statistics.median(figure(run) for run in runs)
+
+    base, ours = median(stock, lambda r: r.cpu_ms), median(wrapped, lambda r: r.cpu_ms)
+    store = "the batching Firestore store" if client is not None else "the in-memory store"
     print(
         f"{threads} callback thread(s), {messages} messages, medians of {repeats}: stock "
         f"{base:.3f} ms, wrapped {ours:.3f} ms CPU per message ({ours / base:.1f}x; the "
-        f"wrapper's own {ours - base:.3f} ms)"
+        f"wrapper's own {ours - base:.3f} ms), on {store}\n"
+        f"context switches per message: stock {median(stock, lambda r: r.switches):.1f}, "
+        f"wrapped {median(wrapped, lambda r: r.switches):.1f}"
+        + (
+            f"; BatchWrite RPCs per message {median(wrapped, lambda r: r.rpcs):.2f}"
+            if client is not None
+            else ""
+        )
     )
     return 0
 
@@ -274,12 +329,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--threads", type=int, default=0, metavar="N")
     parser.add_argument("--evict", type=int, default=0, metavar="MB")
+    parser.add_argument("--store", choices=("memory", "firestore"), default="memory")
     args = parser.parse_args(argv)
     if args.evict < 0:
         parser.error(f"--evict must be >= 0 MB, got {args.evict}")
     if args.evict and args.threads:
         parser.error("--evict times one thread's messages: not with --threads")
+    if args.store == "firestore" and not args.threads:
+        parser.error("--store firestore runs callbacks side by side: give --threads")
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
+    if args.store == "firestore":
+        from .lone import firestore_client  # noqa: PLC0415 - lone imports this module
+
+        with firestore_client() as client:
+            return _side_by_side(args.messages, args.threads, args.repeats, client)
     if args.threads > 0:
         return _side_by_side(args.messages, args.threads, args.repeats)
     run_once(min(args.messages, 1000))  # warm-up: imports, caches

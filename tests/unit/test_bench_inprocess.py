@@ -18,7 +18,13 @@ def test_one_thread_acks_every_message_and_reports_cpu() -> None:
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_callback_threads_ack_every_message_answered_by_another_thread(wrapped: bool) -> None:
     # run_threaded raises unless every message was acked and every ack answered
-    assert run_threaded(60, 3, wrapped=wrapped) > 0
+    assert run_threaded(60, 3, wrapped=wrapped).cpu_ms > 0
+
+
+def test_the_in_memory_store_sends_no_rpc_and_switches_are_counted() -> None:
+    run = run_threaded(20, 2, wrapped=True)
+    assert run.rpcs == 0
+    assert run.switches >= 0
 
 
 def test_side_by_side_prints_both_and_the_wrapper_s_own(capsys: pytest.CaptureFixture[str]) -> None:
