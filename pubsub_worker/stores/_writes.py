@@ -49,7 +49,9 @@ def set_timestamp(target: Any, value: datetime.datetime, *, exact: bool = False)
     aware = value if value.tzinfo is not None else value.replace(tzinfo=datetime.timezone.utc)
     delta = aware - _EPOCH
     target.seconds = delta.days * 86400 + delta.seconds
-    if isinstance(value, _NANOS_KEPT) or (exact and isinstance(value, _NANOS_EXACT)):
+    if type(value) is datetime.datetime:  # the library's own times: no nanoseconds to keep
+        target.nanos = value.microsecond * 1000
+    elif isinstance(value, _NANOS_KEPT) or (exact and isinstance(value, _NANOS_EXACT)):
         target.nanos = int(value.nanosecond)
     else:
         target.nanos = value.microsecond * 1000
@@ -66,16 +68,26 @@ _SCALARS: dict[type, str] = {
 
 def _fill(target: Any, value: Any) -> None:
     """Set the protobuf ``Value`` ``target`` to ``value``."""
-    if value is None:
-        target.null_value = 0
-        return
-    kind = type(value)
-    scalar = _SCALARS.get(kind)  # exact types: subclasses (enums, BSON bytes) go the slow way
+    # Exact types: subclasses (enums, BSON bytes) go the slow way.
+    scalar = _SCALARS.get(type(value))
     if scalar is not None:
         setattr(target, scalar, value)
+    else:
+        _fill_other(target, value)
+
+
+def _fill_other(target: Any, value: Any) -> None:
+    """Set the protobuf ``Value`` ``target`` to ``value``, not one of :data:`_SCALARS`' types.
+
+    A write's own fields are looked up in :data:`_SCALARS` where they are set (most are
+    scalars: no call for them); their other values, and every value nested in a map or an
+    array, come here.
+    """
+    if value is None:
+        target.null_value = 0
     elif isinstance(value, datetime.datetime):
         set_timestamp(target.timestamp_value, value)
-    elif kind is dict:
+    elif (kind := type(value)) is dict:
         target.map_value.SetInParent()
         fields = target.map_value.fields
         for name, item in value.items():
@@ -99,12 +111,17 @@ def create_write(name: str, fields: Mapping[str, Any]) -> Any:
         write = _WRITE()
         document = write.update
         document.name = name
+        values = document.fields
         for key, value in fields.items():
             if type(key) is not str:
                 raise _Unsupported
             if not key:
                 raise ValueError("One or more components is not a string or is empty.")
-            _fill(document.fields[key], value)
+            scalar = _SCALARS.get(type(value))  # most of a claim's fields: no call for them
+            if scalar is not None:
+                setattr(values[key], scalar, value)
+            else:
+                _fill_other(values[key], value)
         write.current_document.exists = False
     except _Unsupported:
         return _single(_helpers.pbs_for_create(name, dict(fields)))
@@ -134,7 +151,12 @@ def update_write(name: str, changes: Changes, expected: datetime.datetime) -> An
                 parent = target[part]
                 parent.map_value.SetInParent()
                 target = parent.map_value.fields
-            _fill(target[path[-1]], changes[path])
+            value = changes[path]
+            scalar = _SCALARS.get(type(value))
+            if scalar is not None:
+                setattr(target[path[-1]], scalar, value)
+            else:
+                _fill_other(target[path[-1]], value)
         write.update_mask.field_paths.extend(masks)
     except _Unsupported:
         data = dict(zip(masks, (changes[path] for path in paths), strict=True))

@@ -32,7 +32,6 @@ sent as a raw ``BatchWrite`` request on the client's own gRPC channel
 from __future__ import annotations
 
 import datetime
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +40,7 @@ from google.cloud import firestore
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 
 from ._batcher import IDLE_EXIT_S, WriteBatcher
+from ._write_ids import new_write_id
 from ._writes import create_write, update_write
 from .base import WRITE_ID, Changes, Version
 from .firestore import FirestoreJobStore
@@ -103,14 +103,14 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         return f"{self._prefix}/{doc_id}"
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         write = create_write(self._name(doc_id), {**fields, WRITE_ID: write_id})
         return self._settled_create(
             doc_id, write_id, lambda: self.batcher.submit(write, create=True)
         )
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         if not isinstance(expected, datetime.datetime):
             raise TypeError(f"not a version of this store: {expected!r}")
         data = {**changes, (WRITE_ID,): write_id}

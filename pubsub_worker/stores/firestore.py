@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ from google.cloud.firestore_v1.field_path import FieldPath
 from pubsub_worker._support import fences
 from pubsub_worker.errors import StoreError
 
+from ._write_ids import new_write_id
 from .base import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionConflict
 
 __all__ = ["FirestoreJobStore"]
@@ -106,7 +106,7 @@ class FirestoreJobStore:
         )
 
     def create(self, doc_id: str, fields: Mapping[str, Any]) -> Version:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         data = {**fields, WRITE_ID: write_id}
         ref = self.ref(doc_id)
 
@@ -116,7 +116,7 @@ class FirestoreJobStore:
         return self._settled_create(doc_id, write_id, send)
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         data = {_path(path): value for path, value in changes.items()}
         data[WRITE_ID] = write_id
         ref = self.ref(doc_id)
@@ -197,7 +197,7 @@ class FirestoreJobStore:
         changes: Callable[[Any], Changes],
     ) -> tuple[Any, Version | None]:
         ref = self.ref(doc_id)
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
 
         @firestore.transactional
         def run(transaction: Any) -> Any:

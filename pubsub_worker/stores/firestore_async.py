@@ -15,7 +15,6 @@ very documents the store does.
 
 from __future__ import annotations
 
-import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +26,7 @@ from google.cloud.firestore_v1.field_path import FieldPath
 from pubsub_worker._support import fences
 from pubsub_worker.errors import StoreError, VersionConflict
 
+from ._write_ids import new_write_id
 from .base import WRITE_ID, Changes, Version
 from .firestore import FirestoreJobStore
 
@@ -80,7 +80,7 @@ async def transact_async(
     """
     client = _client(store)
     ref = client.collection(store.collection).document(doc_id)
-    write_id = uuid.uuid4().hex
+    write_id = new_write_id()
 
     @firestore.async_transactional
     async def run(transaction: Any) -> Any:
