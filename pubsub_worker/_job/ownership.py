@@ -11,9 +11,11 @@ Firestore lease the lease keeper asks for (:mod:`pubsub_worker._delivery.lease`)
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+import weakref
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._support.flag import Flag
@@ -54,7 +56,11 @@ class JobOwnership:
             delivery=delivery.digest,
             version=version,
             lease_s=context.lease_s,
-            on_lost=self._lose,
+            # Not ``self._lose``: a bound method would make the document and its owner a
+            # cycle, which only the cyclic garbage collector frees (every delivery's objects
+            # kept until the next collection, and more collections); weakly, both are freed
+            # as the delivery ends.
+            on_lost=functools.partial(_lose, weakref.ref(self)),
             on_rejected=lambda: context.metrics.inc(Counter.STALE_COMMITS),
         )
         self._finished: str | None = None
@@ -197,3 +203,9 @@ class JobOwnership:
 
     def _progress(self) -> None:
         self.last_progress = time.monotonic()
+
+
+def _lose(owner: weakref.ref[JobOwnership], why: str) -> LostOwnership:
+    """The document's ``on_lost``: its owner's :meth:`JobOwnership._lose`, while it lives."""
+    found = owner()
+    return LostOwnership(why) if found is None else found._lose(why)
