@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchmarks.lone import firestore_client
+from benchmarks.inprocess import firestore_client
 from benchmarks.threads import thread_switches
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import logging
+import os
 import pstats
 import queue
 import statistics
@@ -64,7 +65,7 @@ from pubsub_worker.stores.base import JobStore
 
 from .threads import thread_switches
 
-__all__ = ["Threaded", "main", "run_once", "run_threaded"]
+__all__ = ["Threaded", "firestore_client", "main", "run_once", "run_threaded"]
 
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
@@ -231,6 +232,21 @@ class Threaded:
 
 
 @contextmanager
+def firestore_client() -> Iterator[Any]:
+    """A Firestore client: the emulator named by the environment, or one started here."""
+    from google.cloud import firestore  # noqa: PLC0415 - after the emulator's env is set
+
+    if os.environ.get("FIRESTORE_EMULATOR_HOST"):
+        yield firestore.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "bench"))
+        return
+    from emulator import start_emulators  # noqa: PLC0415
+
+    with start_emulators(pubsub=False) as emulators:
+        os.environ.update(emulators.env())
+        yield firestore.Client(project=emulators.project)
+
+
+@contextmanager
 def _firestore_store(client: Any) -> Iterator[Any]:
     """A batching Firestore store on a fresh collection of ``client``'s database, closed after."""
     from pubsub_worker.stores.batching import BatchingFirestoreJobStore  # noqa: PLC0415
@@ -339,8 +355,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--store firestore runs callbacks side by side: give --threads")
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
     if args.store == "firestore":
-        from .lone import firestore_client  # noqa: PLC0415 - lone imports this module
-
         with firestore_client() as client:
             return _side_by_side(args.messages, args.threads, args.repeats, client)
     if args.threads > 0:

@@ -28,21 +28,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pubsub_worker
-from benchmarks.inprocess import _handler, _Message, _publish
+from benchmarks.inprocess import _handler, _Message, _publish, firestore_client
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 
-__all__ = ["LoneTimes", "firestore_client", "main", "measure"]
+__all__ = ["LoneTimes", "main", "measure"]
 
 
 @dataclass(frozen=True)
@@ -76,21 +74,6 @@ class _Timer:
                 self.spent += time.perf_counter() - started
 
         return timed
-
-
-@contextmanager
-def firestore_client() -> Iterator[Any]:
-    """A Firestore client: the emulator named by the environment, or one started here."""
-    from google.cloud import firestore  # noqa: PLC0415 - after the emulator's env is set
-
-    if os.environ.get("FIRESTORE_EMULATOR_HOST"):
-        yield firestore.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "bench"))
-        return
-    from emulator import start_emulators  # noqa: PLC0415
-
-    with start_emulators(pubsub=False) as emulators:
-        os.environ.update(emulators.env())
-        yield firestore.Client(project=emulators.project)
 
 
 def measure(client: Any, *, messages: int, warmup: int, gap_s: float) -> LoneTimes:
