@@ -17,6 +17,10 @@ exactly-once callback (``message.ack_with_response().result()``) the same
 way beside it: the wrapper's own Python when callbacks run side by side,
 which costs more than alone (``docs/benchmarks.md``).
 
+``--in-flight N`` (with ``--threads``) hands over up to N messages at once
+instead of one per thread, the rest queued for the threads, as the client's
+default flow control admits 1,000 messages for its 10 threads.
+
 ``--store firestore`` (with ``--threads``) runs the wrapper on the default
 (batching) Firestore store instead, on the emulator named by
 ``FIRESTORE_EMULATOR_HOST`` or one started here, a fresh collection per run:
@@ -258,12 +262,21 @@ def _firestore_store(client: Any) -> Iterator[Any]:
         store.close()
 
 
-def run_threaded(messages: int, threads: int, *, wrapped: bool, client: Any = None) -> Threaded:
+def run_threaded(
+    messages: int,
+    threads: int,
+    *,
+    wrapped: bool,
+    client: Any = None,
+    in_flight: int | None = None,
+) -> Threaded:
     """Figures per message with ``threads`` callback threads: the wrapper's or the stock's.
 
-    At most ``threads`` messages are in the callbacks' hands at once (a
-    semaphore, as flow control); each ack is answered by one other thread.
-    ``client``: a Firestore client, for the wrapper on the batching store.
+    At most ``in_flight`` messages (default: ``threads``) are handed over at
+    once (a semaphore, as flow control; more than ``threads`` wait in the
+    pool's queue, as the client's defaults admit 1,000 for 10 threads); each
+    ack is answered by one other thread. ``client``: a Firestore client, for
+    the wrapper on the batching store.
     """
     answerer = _Answerer(messages)
     stores = _firestore_store(client) if wrapped and client is not None else nullcontext(None)
@@ -272,7 +285,7 @@ def run_threaded(messages: int, threads: int, *, wrapped: bool, client: Any = No
         callback: Callable[[Any], None] = _stock
         if wrapped:
             wrapper = callback = _started_wrapper(store)
-        slots = threading.BoundedSemaphore(threads)
+        slots = threading.BoundedSemaphore(threads if in_flight is None else in_flight)
         batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
 
         def deliver(message: Any) -> None:
@@ -304,14 +317,18 @@ def run_threaded(messages: int, threads: int, *, wrapped: bool, client: Any = No
     return Threaded(spent / messages * 1000, switched / messages, rpcs)
 
 
-def _side_by_side(messages: int, threads: int, repeats: int, client: Any = None) -> int:
+def _side_by_side(
+    messages: int, threads: int, repeats: int, client: Any = None, in_flight: int | None = None
+) -> int:
     """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
     run_threaded(min(messages, 1000), threads, wrapped=True, client=client)  # warm-up
     stock: list[Threaded] = []
     wrapped: list[Threaded] = []
     for n in range(repeats):
-        stock.append(run_threaded(messages, threads, wrapped=False))
-        wrapped.append(run_threaded(messages, threads, wrapped=True, client=client))
+        stock.append(run_threaded(messages, threads, wrapped=False, in_flight=in_flight))
+        wrapped.append(
+            run_threaded(messages, threads, wrapped=True, client=client, in_flight=in_flight)
+        )
         print(
             f"[{n + 1}/{repeats}] stock {stock[-1].cpu_ms:.3f}, wrapped "
             f"{wrapped[-1].cpu_ms:.3f} ms CPU per message",
@@ -324,7 +341,9 @@ def _side_by_side(messages: int, threads: int, repeats: int, client: Any = None)
     base, ours = median(stock, lambda r: r.cpu_ms), median(wrapped, lambda r: r.cpu_ms)
     store = "the batching Firestore store" if client is not None else "the in-memory store"
     print(
-        f"{threads} callback thread(s), {messages} messages, medians of {repeats}: stock "
+        f"{threads} callback thread(s)"
+        + (f", up to {in_flight} in flight" if in_flight is not None else "")
+        + f", {messages} messages, medians of {repeats}: stock "
         f"{base:.3f} ms, wrapped {ours:.3f} ms CPU per message ({ours / base:.1f}x; the "
         f"wrapper's own {ours - base:.3f} ms), on {store}\n"
         f"context switches per message: stock {median(stock, lambda r: r.switches):.1f}, "
@@ -346,19 +365,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, metavar="N")
     parser.add_argument("--evict", type=int, default=0, metavar="MB")
     parser.add_argument("--store", choices=("memory", "firestore"), default="memory")
+    parser.add_argument("--in-flight", type=int, default=None, metavar="N")
     args = parser.parse_args(argv)
     if args.evict < 0:
         parser.error(f"--evict must be >= 0 MB, got {args.evict}")
     if args.evict and args.threads:
         parser.error("--evict times one thread's messages: not with --threads")
+    if args.in_flight is not None and (args.in_flight < 1 or not args.threads):
+        parser.error(f"--in-flight must be at least 1, with --threads; got {args.in_flight}")
     if args.store == "firestore" and not args.threads:
         parser.error("--store firestore runs callbacks side by side: give --threads")
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
     if args.store == "firestore":
         with firestore_client() as client:
-            return _side_by_side(args.messages, args.threads, args.repeats, client)
+            return _side_by_side(args.messages, args.threads, args.repeats, client, args.in_flight)
     if args.threads > 0:
-        return _side_by_side(args.messages, args.threads, args.repeats)
+        return _side_by_side(args.messages, args.threads, args.repeats, None, args.in_flight)
     run_once(min(args.messages, 1000))  # warm-up: imports, caches
     figures = []
     for n in range(args.repeats):

@@ -27,6 +27,17 @@ def test_the_in_memory_store_sends_no_rpc_and_switches_are_counted() -> None:
     assert run.switches >= 0
 
 
+def test_more_in_flight_than_threads_acks_every_message() -> None:
+    # the pool's queue holds what the threads have not taken yet, as at the client's defaults
+    assert run_threaded(60, 2, wrapped=True, in_flight=20).cpu_ms > 0
+
+
+def test_the_report_names_what_is_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--threads", "2", "--in-flight", "8", "--messages", "30", "--repeats", "1"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("2 callback thread(s), up to 8 in flight, 30 ")
+
+
 def test_side_by_side_prints_both_and_the_wrapper_s_own(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--threads", "2", "--messages", "40", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
@@ -59,6 +70,8 @@ def test_emptied_caches_time_only_the_messages_and_ack_every_one() -> None:
     [
         (["--evict", "-1"], "--evict must be >= 0 MB, got -1"),
         (["--evict", "8", "--threads", "2"], "not with --threads"),
+        (["--threads", "2", "--in-flight", "0"], "--in-flight must be at least 1, with --threads"),
+        (["--in-flight", "5"], "--in-flight must be at least 1, with --threads; got 5"),
     ],
 )
 def test_bad_evict_values_are_refused_by_name(
