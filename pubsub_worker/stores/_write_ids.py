@@ -24,8 +24,8 @@ def _reseed() -> None:
     _counter = itertools.count()
 
 
-_prefix = ""
-_counter = itertools.count()
+_prefix: str
+_counter: itertools.count[int]
 _reseed()
 os.register_at_fork(after_in_child=_reseed)
 
