@@ -11,6 +11,7 @@ a status and an update time per write, and :func:`outcomes` reads them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,10 +22,12 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.types import firestore as firestore_types
 from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
 
+from ._queued import QueuedWrite
 from .base import Version
 
-__all__ = ["batch_write_call", "failed", "outcomes", "request"]
+__all__ = ["batch_write_call", "failed", "outcomes", "request", "send_batch"]
 
+_LOGGER = logging.getLogger("pubsub_worker.stores._batcher")
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _METHOD = "/google.firestore.v1.Firestore/BatchWrite"
 _REQUEST = firestore_types.BatchWriteRequest.pb()
@@ -52,6 +55,28 @@ def batch_write_call(client: firestore.Client) -> tuple[Any, tuple[tuple[str, st
     )
     info = client._client_info.to_grpc_metadata()
     return call, (*client._rpc_metadata, routing, info)
+
+
+def send_batch(
+    call: Any,
+    batch: Sequence[QueuedWrite],
+    *,
+    database: str,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...],
+) -> None:
+    """Send one ``BatchWrite`` of the queued writes and settle each with its own outcome."""
+    sent = request(database, [w.pb for w in batch])
+    try:
+        response = call(sent, timeout=timeout, metadata=metadata)
+    except grpc.RpcError as exc:
+        error = failed(exc)
+        _LOGGER.debug("BatchWrite of %d writes failed: %s", len(batch), error)
+        for write in batch:
+            write.settle(None, error)
+        return
+    for write, (version, write_error) in zip(batch, outcomes(response, len(batch)), strict=True):
+        write.settle(version, write_error)
 
 
 def request(database: str, writes: Sequence[Any]) -> Any:

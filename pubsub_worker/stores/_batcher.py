@@ -9,42 +9,42 @@ default: a request refused for its size, over 10 MiB in production or 4 MiB
 on the emulator, fails every write in it); writes that arrive while every
 slot is busy wait for a flusher, which sends them in one batch as a slot
 frees. At low load a batch holds one write and nothing waits for a timer or
-another thread (``linger_s`` holds each batch open longer, on a flusher:
-fewer RPCs, more latency).
+another thread (``linger_s`` holds each batch open longer, on a flusher).
+A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on a
+continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
+:mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
 
 Long round trips are not left to add up (:class:`~._slots.Slots` has the
 rules): a write waits ``slow_after_s`` (5 ms) for a slot at most, not a
 whole round trip; and while round trips are long and no batch flies, a
 batch is held open up to ``gather_s`` (2 ms) for the writes of the
 worker's other jobs, so the jobs of one pull response claim, and complete,
-in one RPC and their acks reach the client's dispatcher together. On
-loopback the slow slots mostly stay shut, nothing is held open, and the
-writes that arrive meanwhile share the next batch (``docs/benchmarks.md``
-has the figures). A batch never holds two writes to one document (they
-could apply in either order), nor is a document in two batches in flight.
-
-Each write's outcome is its own (``BatchWrite`` is not atomic); settling an
+in one RPC. A batch never holds two writes to one document (they could
+apply in either order), nor is a document in two batches in flight. Each
+write's outcome is its own (``BatchWrite`` is not atomic); settling an
 unknown one is the store's part (:mod:`pubsub_worker.stores.batching`); the
-raw RPC on the client's own channel is :mod:`pubsub_worker.stores._batch_rpc`.
+raw RPC is :mod:`pubsub_worker.stores._batch_rpc`.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import grpc
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 
-from ._batch_rpc import batch_write_call, failed, outcomes, request
+from ._batch_rpc import batch_write_call, send_batch
+from ._queued import QueuedWrite
 from ._slots import Slots
 from ._writes import framed_bytes
 from .base import Version
@@ -59,51 +59,6 @@ IDLE_EXIT_S = 10.0
 """A flusher thread idle this long ends; the next write starts another."""
 
 
-def _held_lock() -> Any:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-@dataclass(eq=False)
-class _Write:
-    """One queued write and, once sent, its outcome.
-
-    Its waiter blocks on a lock held until the write is settled: one lock
-    per write, released once, instead of an ``Event`` (a ``Condition``, its
-    lock and a waiter lock per wait, and a ``notify_all``).
-    """
-
-    doc_path: str
-    pb: Any
-    """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
-    size: int
-    """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
-    create: bool = False
-    """A create: a job's first write (its claim)."""
-    queued_at: float = 0.0  # monotonic
-    version: Version | None = None
-    error: BaseException | None = None
-    sent: bool = False
-    settled: bool = False
-    _unsettled: Any = field(default_factory=_held_lock, repr=False)
-
-    def settle(self, version: Version | None, error: BaseException | None) -> None:
-        """Record the outcome and wake the waiter; called once, by the sending thread."""
-        if self.settled:
-            return
-        self.version, self.error = version, error
-        self.settled = True
-        self._unsettled.release()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once settled; False if ``timeout`` passed first."""
-        if self._unsettled.acquire(timeout=-1 if timeout is None else timeout):
-            self._unsettled.release()  # every later wait returns at once
-            return True
-        return False
-
-
 class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
@@ -116,8 +71,6 @@ class WriteBatcher:
     writes and ``max_batch_bytes`` of serialized request (1 to
     :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`); a single
     larger write goes alone (Firestore refuses it, and only it).
-    :meth:`submit` blocks until its write's outcome is known and returns
-    the new update time, or raises the write's own ``GoogleAPICallError``.
     """
 
     def __init__(
@@ -153,7 +106,7 @@ class WriteBatcher:
         self._linger_s = linger_s
         self._idle_exit_s = idle_exit_s
         self._cond = threading.Condition()  # guards everything below
-        self._queue: deque[_Write] = deque()
+        self._queue: deque[QueuedWrite] = deque()
         self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
         self._queued_creates = 0
         self._busy_docs: set[str] = set()
@@ -161,6 +114,9 @@ class WriteBatcher:
         self._threads: list[threading.Thread] = []
         self._started = 0
         self._closed = False
+        self._continuing = 0  # writes queued by submit_then, not yet carried on
+        self._exit_waiters = 0
+        atexit.register(_wait_at_exit, weakref.ref(self))
         self.batches = 0
         """Batches sent so far."""
         self.writes = 0
@@ -175,23 +131,7 @@ class WriteBatcher:
         rejected. A write still queued after the wait budget is withdrawn and
         ``ServiceUnavailable`` raised (it was never sent).
         """
-        # Sized once, here, outside the lock (ByteSize() serializes the write).
-        write = _Write(write_pb.update.name, write_pb, framed_bytes(write_pb.ByteSize()), create)
-        batch: list[_Write] = []
-        with self._cond:
-            if self._closed:
-                raise StoreError("the job store is closed")
-            write.queued_at = now = time.monotonic()
-            self._queue.append(write)
-            self._queued_bytes += write.size
-            self._queued_creates += create
-            if self._linger_s == 0 and self._ready() and self._hold_for(now) is None:
-                batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
-            if self._queue:
-                self._start_flushers()
-                self._wake_flusher()
-        if batch:
-            self._run(batch)
+        write = self._queue_write(write_pb, create, None)
         if not write.wait(self._rpc_timeout_s + 5.0):
             with self._cond:
                 if not write.sent:
@@ -205,6 +145,41 @@ class WriteBatcher:
         if write.error is not None:
             raise write.error
         return write.version
+
+    def submit_then(self, write_pb: Any, then: Callable[[QueuedWrite], None]) -> None:
+        """Queue one raw ``Write`` protobuf (an update); ``then(write)`` once it is settled.
+
+        Returns at once, unless a batch slot is free: then this thread sends
+        the batch and carries on with its continued writes before it returns.
+        ``then`` runs on the sending thread, the slot given back, and must not
+        block. A closed batcher raises ``StoreError`` here.
+        """
+        self._queue_write(write_pb, False, then)
+
+    def _queue_write(
+        self, write_pb: Any, create: bool, then: Callable[[QueuedWrite], None] | None
+    ) -> QueuedWrite:
+        """Queue a write; send its batch on this thread if a slot is free (no hand-off)."""
+        # Sized once, here, outside the lock (ByteSize() serializes the write).
+        size = framed_bytes(write_pb.ByteSize())
+        write = QueuedWrite(write_pb.update.name, write_pb, size, create, then)
+        batch: list[QueuedWrite] = []
+        with self._cond:
+            if self._closed:
+                raise StoreError("the job store is closed")
+            self._continuing += then is not None
+            write.queued_at = now = time.monotonic()
+            self._queue.append(write)
+            self._queued_bytes += write.size
+            self._queued_creates += create
+            if self._linger_s == 0 and self._ready() and self._hold_for(now) is None:
+                batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
+            if self._queue:
+                self._start_flushers()
+                self._wake_flusher()
+        if batch:
+            self._run(batch)
+        return write
 
     def close(self) -> None:
         """Stop the flushers once the queue is empty; later writes raise ``StoreError``."""
@@ -229,30 +204,46 @@ class WriteBatcher:
             self._threads.append(thread)
             thread.start()
 
-    def _run(self, batch: list[_Write], *, flusher: bool = False) -> None:
-        """Send a popped batch, settle every write in it, free its slot.
+    def _run(self, batch: list[QueuedWrite], *, flusher: bool = False) -> None:
+        """Send a popped batch, settle every write in it, free its slot, then carry on.
 
-        A flusher takes the next batch itself (:meth:`_flush_forever` loops): it
-        wakes no other for it.
+        The continued writes' continuations run last, once the slot is free
+        (one may queue a write, or hand it on). A flusher takes the next batch
+        itself (:meth:`_flush_forever` loops): it wakes no other for it.
         """
         round_trip_s: float | None = None
         started = time.monotonic()
         try:
-            self._send(batch)
-            round_trip_s = time.monotonic() - started
-        except BaseException as exc:  # never leave a caller waiting (settled ones stay)
-            for write in batch:
-                write.settle(None, exc)
-            if not isinstance(exc, Exception):
-                raise
+            try:
+                self._send(batch)
+                round_trip_s = time.monotonic() - started
+            except BaseException as exc:  # never leave a caller waiting (settled ones stay)
+                for write in batch:
+                    write.settle(None, exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                with self._cond:
+                    self._busy_docs.difference_update(w.doc_path for w in batch)
+                    self.slots.give_back(round_trip_s)
+                    if self._queue and not flusher:
+                        if not self._closed:
+                            self._start_flushers()
+                        self._wake_flusher()
         finally:
-            with self._cond:
-                self._busy_docs.difference_update(w.doc_path for w in batch)
-                self.slots.give_back(round_trip_s)
-                if self._queue and not flusher:
-                    if not self._closed:
-                        self._start_flushers()
-                    self._wake_flusher()
+            carried = 0
+            for write in batch:
+                if write.then is not None:
+                    carried += 1
+                    try:
+                        write.carry_on()
+                    except Exception:  # a continuation's own failure: never the batch's
+                        _LOGGER.exception("a write's continuation failed")
+            if carried:
+                with self._cond:
+                    self._continuing -= carried
+                    if self._exit_waiters and not self._continuing:
+                        self._cond.notify_all()
 
     def _flush_forever(self) -> None:
         try:
@@ -266,7 +257,7 @@ class WriteBatcher:
                 if self._queue and not self._closed:
                     self._start_flushers()  # a write came in as this flusher ended
 
-    def _take(self) -> list[_Write] | None:
+    def _take(self) -> list[QueuedWrite] | None:
         """The next batch, never empty; marks its documents busy.
 
         None when this flusher should end: closed and drained, or idle for
@@ -307,7 +298,7 @@ class WriteBatcher:
                 if batch:  # else another flusher took them while this one lingered
                     return batch
 
-    def _pop_batch(self) -> list[_Write]:
+    def _pop_batch(self) -> list[QueuedWrite]:
         """Queued writes for one request, in queue order; marks their documents busy.
 
         At most ``max_batch`` writes, of at most ``max_batch_bytes`` with the
@@ -315,10 +306,10 @@ class WriteBatcher:
         oldest write that can go is always taken, however big: a write over
         the cap goes alone, and a write left for a later batch keeps its place.
         """
-        batch: list[_Write] = []
+        batch: list[QueuedWrite] = []
         docs: set[str] = set()
         held: set[str] = set()  # documents of writes left for a later batch by their size
-        kept: deque[_Write] = deque()
+        kept: deque[QueuedWrite] = deque()
         room = self._write_budget
         while self._queue and len(batch) < self._max_batch:
             write = self._queue.popleft()
@@ -348,11 +339,9 @@ class WriteBatcher:
     def _wake_flusher(self) -> None:
         """Wake one flusher if it has something to do: a batch slot free and a write ready.
 
-        With every slot busy a woken flusher would only find nothing to send
-        and wait again (the slot's sender wakes one when it is done); a
-        lingering flusher is woken for every write, to see its batch fill;
-        while a slow slot will open, one flusher is woken to wait for it,
-        unless one already does.
+        (With every slot busy it would find nothing to send: the slot's sender
+        wakes one.) A lingering flusher is woken for every write; while a slow
+        slot will open, one flusher is woken to wait for it, unless one does.
         """
         if self._queue and (
             self._linger_s > 0
@@ -382,19 +371,30 @@ class WriteBatcher:
             self._queue[0].queued_at, now, writing=writing, claims=self._queued_creates > 0
         )
 
-    def _send(self, batch: list[_Write]) -> None:
+    def _send(self, batch: list[QueuedWrite]) -> None:
         self.batches += 1
         self.writes += len(batch)
-        sent = request(self._database, [w.pb for w in batch])
-        try:
-            response = self._call(sent, timeout=self._rpc_timeout_s, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            error = failed(exc)
-            _LOGGER.debug("BatchWrite of %d writes failed: %s", len(batch), error)
-            for write in batch:
-                write.settle(None, error)
-            return
-        for write, (version, write_error) in zip(
-            batch, outcomes(response, len(batch)), strict=True
-        ):
-            write.settle(version, write_error)
+        send_batch(
+            self._call,
+            batch,
+            database=self._database,
+            timeout=self._rpc_timeout_s,
+            metadata=self._metadata,
+        )
+
+    def wait_continued(self, timeout_s: float | None = None) -> bool:
+        """Wait until every write of :meth:`submit_then` was sent and carried on (False:
+        ``timeout_s`` passed first). Also at interpreter exit: its caller did not wait, and
+        the flushers are daemon threads."""
+        with self._cond:
+            self._exit_waiters += 1
+            try:
+                return self._cond.wait_for(lambda: self._continuing == 0, timeout_s)
+            finally:
+                self._exit_waiters -= 1
+
+
+def _wait_at_exit(ref: weakref.ref[WriteBatcher]) -> None:
+    batcher = ref()
+    if batcher is not None and not batcher.wait_continued(batcher._rpc_timeout_s + 5.0):
+        _LOGGER.warning("exiting with continued writes not yet settled")

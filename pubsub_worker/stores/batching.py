@@ -40,9 +40,11 @@ from google.cloud import firestore
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 
 from ._batcher import IDLE_EXIT_S, WriteBatcher
+from ._queued import QueuedWrite
 from ._write_ids import new_write_id
 from ._writes import create_write, update_write
 from .base import WRITE_ID, Changes, Version
+from .continued import Then
 from .firestore import FirestoreJobStore
 
 __all__ = ["IDLE_EXIT_S", "BatchingFirestoreJobStore", "WriteBatcher"]
@@ -116,3 +118,36 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         data = {**changes, (WRITE_ID,): write_id}
         write = update_write(self._name(doc_id), data, expected)
         return self._settled_update(doc_id, write_id, expected, lambda: self.batcher.submit(write))
+
+    def update_then(self, doc_id: str, changes: Changes, *, expected: Version, then: Then) -> None:
+        """``update``, its outcome handed to ``then`` (:class:`~.continued.ContinuedStore`).
+
+        An applied write calls ``then(version, None)`` on the thread that sent
+        it. Any other outcome calls ``then(None, settle)``: ``settle`` goes on
+        as ``update`` would from that first attempt (reads back a write whose
+        outcome is unknown, sends it again if it did not land, retries
+        transient errors), on whatever thread calls it.
+        """
+        write_id = new_write_id()
+        if not isinstance(expected, datetime.datetime):
+            raise TypeError(f"not a version of this store: {expected!r}")
+        data = {**changes, (WRITE_ID,): write_id}
+        write = update_write(self._name(doc_id), data, expected)
+
+        def settled(sent: QueuedWrite) -> None:
+            first = sent.error
+            if first is None:
+                then(sent.version, None)
+                return
+            tried = False
+
+            def send() -> Version:
+                nonlocal tried
+                if not tried:  # the first attempt is the one already made
+                    tried = True
+                    raise first
+                return self.batcher.submit(write)
+
+            then(None, lambda: self._settled_update(doc_id, write_id, expected, send))
+
+        self.batcher.submit_then(write, settled)

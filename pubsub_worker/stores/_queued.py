@@ -1,0 +1,92 @@
+"""One write queued for a shared ``BatchWrite`` RPC, and how its outcome reaches its caller.
+
+A caller of :meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit` waits
+for its write: it blocks on a lock held until the write is settled (one lock
+per write, released once, instead of an ``Event``: a ``Condition``, its lock
+and a waiter lock per wait, and a ``notify_all``). A caller of
+:meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit_then` does not: its
+write carries a continuation, which the thread that sent the batch calls once
+the batch is settled and its slot given back. That continuation must not
+block: it runs on a thread other writes wait for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .base import Version
+
+__all__ = ["QueuedWrite"]
+
+
+class QueuedWrite:
+    """One queued write and, once sent, its outcome."""
+
+    __slots__ = (
+        "_unsettled",
+        "create",
+        "doc_path",
+        "error",
+        "pb",
+        "queued_at",
+        "sent",
+        "settled",
+        "size",
+        "then",
+        "version",
+    )
+
+    def __init__(
+        self,
+        doc_path: str,
+        pb: Any,
+        size: int,
+        create: bool = False,
+        then: Callable[[QueuedWrite], None] | None = None,
+    ) -> None:
+        self.doc_path = doc_path
+        self.pb = pb
+        """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
+        self.size = size
+        """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
+        self.create = create
+        """A create: a job's first write (its claim)."""
+        self.then = then
+        """Called with this write once settled, by the sending thread; None: a caller waits."""
+        self.queued_at = 0.0  # monotonic
+        self.version: Version | None = None
+        self.error: BaseException | None = None
+        self.sent = False
+        self.settled = False
+        self._unsettled: Any = None
+        if then is None:
+            self._unsettled = threading.Lock()
+            self._unsettled.acquire()
+
+    def settle(self, version: Version | None, error: BaseException | None) -> None:
+        """Record the outcome and wake the waiter; called once, by the sending thread.
+
+        A continued write's continuation is called later (:meth:`carry_on`),
+        once the batch's slot is free.
+        """
+        if self.settled:
+            return
+        self.version, self.error = version, error
+        self.settled = True
+        if self._unsettled is not None:
+            self._unsettled.release()
+
+    def carry_on(self) -> None:
+        """Call the continuation of a settled write, once (nothing for a waited one)."""
+        then, self.then = self.then, None
+        if then is not None:
+            then(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once settled; False if ``timeout`` passed first (a waited write only)."""
+        if self._unsettled.acquire(timeout=-1 if timeout is None else timeout):
+            self._unsettled.release()  # every later wait returns at once
+            return True
+        return False
