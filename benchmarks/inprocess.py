@@ -74,6 +74,19 @@ __all__ = ["Threaded", "firestore_client", "main", "run_once", "run_threaded"]
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
 
+class _Manager:
+    """A stock client's streaming pull manager, as far as the wrapper reads it: at its
+    defaults it does not wait for callbacks at shutdown; its acks go the stock way."""
+
+    _await_callbacks_on_shutdown = False
+
+    def exactly_once(self) -> bool:
+        return True
+
+
+_MANAGER = _Manager()
+
+
 class _Message:
     """The parts of a Pub/Sub message the wrapper reads, acked at once."""
 
@@ -85,6 +98,7 @@ class _Message:
         self.publish_time = datetime.now(timezone.utc)
         self.delivery_attempt: int | None = None
         self.exactly_once_enabled = True
+        self._exactly_once_delivery_enabled_func = _MANAGER.exactly_once
         self.opentelemetry_data: object | None = None
         self.acked = False
 

@@ -31,7 +31,7 @@ from typing import Any
 from pubsub_worker._delivery.generations import DeliveryTracker
 from pubsub_worker._delivery.lease import LeaseKeeper
 from pubsub_worker._job.steps import JobCore
-from pubsub_worker._worker import claiming, outcome, report
+from pubsub_worker._worker import claiming, outcome, report, settle, writes
 from pubsub_worker._worker.engine import Engine
 from pubsub_worker._worker.flow import DeliveryFlow
 from pubsub_worker._worker.handler import HandlerCall
@@ -61,14 +61,18 @@ PHASES: dict[str, tuple[Callable[..., Any], ...]] = {
     "step": (JobCore.run_step,),
     "conclusion": (
         DeliveryFlow.conclude_later,
+        DeliveryFlow._conclude_continued,
+        DeliveryFlow._completed,
         DeliveryFlow.conclude,
+        DeliveryFlow._decided,
         DeliveryFlow.carry_out,
+        DeliveryFlow._carried_out,
         DeliveryFlow._write_or_redecide,
     ),
     "decide": (outcome.decide,),
-    "completion write": (DeliveryFlow._write,),
+    "completion write": (writes.write_for,),
     "report": (report.count, report.ended),
-    "settle": (DeliveryFlow._settle,),
+    "settle": (settle.settle_delivery,),
     "end": (DeliveryFlow.end,),
 }
 """Each phase and the library functions that open it (a call under one is charged to the

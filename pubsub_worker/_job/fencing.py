@@ -27,24 +27,38 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pubsub_worker._support import fences
 from pubsub_worker.errors import LostOwnership, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, JobStore, Status, TransactionalStore, Version
+from pubsub_worker.stores.continued import ContinuedStore, Settle, continues
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from pubsub_worker.stores.firestore_async import transact_async
 
+from . import endings
 from .lease import now_utc, renewal_due
-from .records import encodable_text
 
-__all__ = ["FencedDocument"]
+__all__ = ["FencedDocument", "Finish", "Then", "raising"]
 
 T = TypeVar("T")
 
+Finish = Callable[[], None]
+"""Goes on with a write whose first attempt failed, as the write would have (may wait)."""
+Then = Callable[[Finish | None], None]
+"""Told how a write not waited for went: ``None`` once applied, else a :data:`Finish`."""
+
 _WRITE_ROUNDS = 3
-_COMPLETED: str = Status.COMPLETED.value  # read once: an enum member's value is a property
+
+
+def raising(error: Exception) -> Finish:
+    """A :data:`Finish` for a write that failed for good before or at its first attempt."""
+
+    def failed() -> None:
+        raise error
+
+    return failed
 
 
 class FencedDocument:
@@ -140,74 +154,100 @@ class FencedDocument:
         The precondition is the ``commit`` fence (:mod:`pubsub_worker._support.fences`).
         """
         with self._lock:
-            merged = dict(self._pending)
-            merged.update(self.lease_changes(now))
-            merged.update(changes or {})
-            for _ in range(_WRITE_ROUNDS):
-                expected = self._version if self._version is not None else self.resettle()
-                try:
-                    version = self._store.update(self._doc_id, merged, expected=expected)
-                except VersionConflict:
-                    self._version = None  # settle by reading: still ours, or lost
-                    if fences.off("commit"):  # switched off in a test: write over what is there
-                        self._version = self._version_now()
-                    continue
-                self._committed(version)
-                return
-            raise self._on_lost("the job document kept changing under this owner")
+            self._write_rounds(self._merged(changes, now), None)
 
-    def complete(self, *, retention_s: float) -> None:
-        """The completion: status ``completed``, kept ``retention_s`` for a TTL policy."""
+    def write_then(
+        self, changes: Mapping[tuple[str, ...], Any], *, now: datetime, then: Then
+    ) -> None:
+        """:meth:`write`, without waiting on a store that can say when it is done.
+
+        ``then(None)`` once the write applied, on the thread that sent it (it
+        must not block); ``then(finish)`` when it did not, or its outcome is
+        unknown: ``finish()`` goes on as :meth:`write` would from that first
+        attempt (settling it, reading the document after a conflict, writing
+        again) and raises what :meth:`write` raises; call it on a thread that
+        may wait. Only for the owner's last write (nothing stages meanwhile,
+        no renewal runs): a store that cannot tell (``update_then``) writes
+        here, then calls ``then``.
+        """
+        store = self._store
+        with self._lock:
+            merged = self._merged(changes, now)
+            expected = self._version
+        if expected is None or not continues(store):
+            try:  # a refused write being settled, or a store that cannot tell: written here
+                with self._lock:
+                    self._write_rounds(merged, None)
+            except Exception as exc:  # noqa: BLE001 - handed on, as a write not waited for
+                then(raising(exc))
+                return
+            then(None)
+            return
+
+        def done(version: Version | None, settle: Settle | None) -> None:
+            if settle is None:
+                self._committed(version)
+                then(None)
+                return
+
+            def finish() -> None:
+                with self._lock:
+                    self._write_rounds(merged, settle)
+
+            then(finish)
+
+        cast(ContinuedStore, store).update_then(self._doc_id, merged, expected=expected, then=done)
+
+    def _merged(
+        self, changes: Mapping[tuple[str, ...], Any] | None, now: datetime | None
+    ) -> dict[tuple[str, ...], Any]:
+        merged = dict(self._pending)
+        merged.update(self.lease_changes(now))
+        merged.update(changes or {})
+        return merged
+
+    def _write_rounds(self, merged: dict[tuple[str, ...], Any], first: Settle | None) -> None:
+        """Write ``merged`` on our version (``first``: the outcome of an attempt already made)."""
+        for _ in range(_WRITE_ROUNDS):
+            expected = self._version if self._version is not None else self.resettle()
+            try:
+                if first is not None:
+                    version, first = first(), None
+                else:
+                    version = self._store.update(self._doc_id, merged, expected=expected)
+            except VersionConflict:
+                self._version = None  # settle by reading: still ours, or lost
+                if fences.off("commit"):  # switched off in a test: write over what is there
+                    self._version = self._version_now()
+                continue
+            self._committed(version)
+            return
+        raise self._on_lost("the job document kept changing under this owner")
+
+    def complete(self, *, retention_s: float, then: Then | None = None) -> None:
+        """The completion: status ``completed``, kept ``retention_s`` for a TTL policy.
+
+        With ``then``: not waited for where the store can tell (:meth:`write_then`).
+        """
         now = now_utc()
-        self.write(
-            {
-                (s.STATUS,): _COMPLETED,
-                (s.COMPLETED_AT,): now,
-                (s.LEASE_EXPIRES_AT,): None,
-                (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
-            },
-            now=now,
-        )
+        if then is None:
+            self.write(endings.completed(now, retention_s), now=now)
+        else:
+            self.write_then(endings.completed(now, retention_s), now=now, then=then)
 
     def release(self, *, error: str | None, attempts: int) -> None:
-        """Give the job back (status ``released``) with ``attempts`` claims counted.
-
-        ``error`` is stored made valid UTF-8 (:func:`~pubsub_worker._job.records.encodable_text`):
-        an error text holding a lone surrogate would make the write fail every time.
-        """
-        self.write(
-            {
-                (s.STATUS,): Status.RELEASED.value,
-                (s.LEASE_EXPIRES_AT,): now_utc(),
-                (s.ERROR,): encodable_text(error) if error is not None else None,
-                (s.ATTEMPTS,): attempts,
-            }
-        )
+        """Give the job back (status ``released``) with ``attempts`` claims counted."""
+        self.write(endings.released(now_utc(), error, attempts))
 
     def fail(
         self, *, reason: str, error: str, extra: Mapping[str, Any], retention_s: float
     ) -> None:
-        """The failed record of the failure path, with ``extra`` fields (the original message).
-
-        ``reason``, ``error`` and every text value of ``extra`` are stored made
-        valid UTF-8 (:func:`~pubsub_worker._job.records.encodable_text`).
-        """
-        now = now_utc()
-        changes: dict[tuple[str, ...], Any] = {
-            (s.STATUS,): Status.FAILED.value,
-            (s.REASON,): encodable_text(reason),
-            (s.ERROR,): encodable_text(error),
-            (s.FAILED_AT,): now,
-            (s.LEASE_EXPIRES_AT,): None,
-            (s.EXPIRE_AT,): now + timedelta(seconds=retention_s),
-        }
-        changes.update(
-            {
-                (name,): encodable_text(value) if isinstance(value, str) else value
-                for name, value in extra.items()
-            }
+        """The failed record of the failure path, with ``extra`` fields (the original message)."""
+        self.write(
+            endings.failed(
+                now_utc(), reason=reason, error=error, extra=extra, retention_s=retention_s
+            )
         )
-        self.write(changes)
 
     def transact(
         self,

@@ -36,6 +36,7 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, OutboxEntry, Version
 
 from .context import JobContext
+from .fencing import Finish, Then
 from .keys import JobIdentity
 from .lease import now_utc
 from .outbox import Outbox, Outgoing, check_outgoing, entry_changes, unsent
@@ -334,20 +335,30 @@ class JobCore(JobOwnership):
     def _mark_sent(self, entry: OutboxEntry) -> None:
         self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})
 
-    def complete(self) -> None:
+    def complete(self, then: Then | None = None) -> None:
         """Publish what is unsent, then commit the completion (and any pending step record).
 
         Not stopped by the processing cap or a shutdown (the work is done);
         raises :class:`OutboxUnsent` if an entry cannot be published yet and
         :class:`LostOwnership` if another owner holds the job. Publishing first is
-        the ``outbox`` fence (:mod:`pubsub_worker._support.fences`).
+        the ``outbox`` fence (:mod:`pubsub_worker._support.fences`). With ``then``,
+        the write is not waited for where the store can tell (``FencedDocument.write_then``).
         """
         self._check_owner()
         if not fences.off("outbox"):  # switched off in a test: completed with entries unsent
             self.publish_unsent()
         self._concluding = True
-        self._doc.complete(retention_s=self._ctx.retention_s)
-        self._finished = "completed"
+        if then is None:
+            self._doc.complete(retention_s=self._ctx.retention_s)
+            self._finished = "completed"
+            return
+
+        def done(finish: Finish | None) -> None:
+            if finish is None:  # else finish() completes it, or raises why it could not
+                self._finished = "completed"
+            then(finish)
+
+        self._doc.complete(retention_s=self._ctx.retention_s, then=done)
 
     def release(self, error: str | None, *, count_attempt: bool) -> None:
         """Give the job back for another delivery, keeping the steps recorded so far.

@@ -1,4 +1,4 @@
-"""A delivery's way to its claim: the key in this process, then the job in the store.
+"""A delivery's way to its claim: the key in this process, the job in the store, its start.
 
 Time left decides before anything is written: a delivery whose processing cap
 leaves it less than :func:`min_time_left_s` is not claimed (it comes back
@@ -13,7 +13,9 @@ draining, busy for too long, the store down, or a job that is done already
 or whose key was used for another payload. A job found failed with its
 failure message still pending has that message published here first
 (:meth:`~pubsub_worker._job.failure.FailurePath.publish_pending`): the
-delivery acks only once it is out.
+delivery acks only once it is out. :func:`start_job` makes the claimed job
+(watched, traced, earlier owners' unsent outbox entries published) and says
+whether its handler runs.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import time
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery, GateAnswer
+from pubsub_worker._delivery.lease import Ticket
 from pubsub_worker._job.claim import Claim, ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.keys import JobIdentity, derive_identity
+from pubsub_worker._job.steps import JobCore
+from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter
+from pubsub_worker._support.tracing import DeliveryTrace
 from pubsub_worker.errors import ConfigError, ProcessingTimeout, ShuttingDown
 
-from .outcome import Happened, Phase
+from .outcome import Decision, Happened, Outcome, Phase, decide
 from .runtime import Runtime
 from .settle import ordering_key
 
@@ -40,6 +46,7 @@ __all__ = [
     "enter_gate",
     "identify",
     "min_time_left_s",
+    "start_job",
     "wait_for_order",
 ]
 
@@ -197,3 +204,50 @@ def claim_job(
     if result.kind is not ClaimKind.CLAIMED:
         return Happened(Phase.CLAIM, claim=result.kind)
     return result
+
+
+def start_job(
+    rt: Runtime,
+    identity: JobIdentity,
+    claimed: Claim,
+    *,
+    delivery: Delivery,
+    ticket: Ticket,
+    log: JobLogger,
+    trace: DeliveryTrace,
+) -> tuple[JobCore, Happened | Decision | None]:
+    """The claimed job, watched and traced, earlier owners' unsent outbox entries sent.
+
+    With it, what the delivery concludes instead of running the handler, if
+    anything: an entry not sent or ownership lost (what happened), or no
+    attempts left (the decision: the failure path).
+    """
+    assert claimed.record is not None
+    assert claimed.version is not None
+    job = JobCore(
+        identity=identity,
+        delivery=delivery,
+        record=claimed.record,
+        version=claimed.version,
+        context=rt.context,
+        log=log,
+        trace=trace,
+    )
+    rt.keeper.attach(ticket, job, identity.key)
+    trace.claimed(
+        key=identity.key,
+        epoch=job.epoch,
+        generation=delivery.generation,
+        attempt=job.attempt,
+        first=claimed.record.trace_parent,
+    )
+    try:
+        job.publish_unsent()  # earlier owners' entries go out before anything else
+    except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
+        return job, Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED)
+    first = decide(
+        Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
+        attempts=job.attempt,
+        max_attempts=rt.settings.max_attempts,
+    )
+    return job, (first if first.outcome is not Outcome.RUN else None)

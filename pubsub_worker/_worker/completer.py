@@ -39,6 +39,7 @@ class Completer:
         self._cond = threading.Condition()  # guards _pending, _closed and _pool
         self._pending = 0
         self._closed = not taking
+        self._spare: ThreadPoolExecutor | None = None  # runs what run_off gets while closed
 
     def _new_pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -68,6 +69,24 @@ class Completer:
             self._done()
             return False
         return True
+
+    def run_off(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on a thread that may wait, open or closed; not counted (its caller is).
+
+        For a conclusion that must go on off the thread that found it
+        unfinished (a completion's write that failed, seen by the thread that
+        sent it). Once closed, on a pool of the same size kept for this.
+        """
+        context = contextvars.copy_context()
+        with self._cond:
+            pool = self._pool if not self._closed else None
+            if pool is None:
+                if self._spare is None:
+                    self._spare = ThreadPoolExecutor(
+                        max_workers=self._threads, thread_name_prefix="pubsub-worker-settle"
+                    )
+                pool = self._spare
+            pool.submit(context.run, work)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until no conclusion is under way; False if ``timeout_s`` passed first."""

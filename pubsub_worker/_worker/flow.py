@@ -2,15 +2,16 @@
 
 Every way a delivery can end goes through :meth:`DeliveryFlow.conclude`,
 once: :func:`~pubsub_worker._worker.outcome.decide` picks the outcome from what
-happened, :meth:`DeliveryFlow.carry_out` makes the write it needs (complete,
-release, fail) and decides again if that write fails, and
+happened, :meth:`DeliveryFlow.carry_out` makes the write it needs
+(:mod:`~pubsub_worker._worker.writes`) and decides again if that write fails, and
 :func:`~pubsub_worker._worker.settle.settle` acks, nacks, defers or drops. The ack
 is always the last thing done, after the job's record is durable.
 
-A handler that returned is concluded on the runtime's
-:class:`~pubsub_worker._worker.completer.Completer` (:meth:`DeliveryFlow.conclude_later`)
-and its callback thread is free; the key stays held and the delivery
-tracked until the conclusion is done (:meth:`DeliveryFlow.end`). A delivery
+A handler that returned is concluded without its callback thread where it
+may be (:meth:`DeliveryFlow.conclude_later`): the thread that settles the
+completion's write acks (the batching Firestore store), or the runtime's
+:class:`~pubsub_worker._worker.completer.Completer` concludes; the key stays
+held and the delivery tracked until the conclusion is done. A delivery
 whose callback handed the message to its own threads is *held*
 (:meth:`DeliveryFlow.hold`) until their ``ack()`` or ``nack()``; whoever
 concludes a detached delivery ends it.
@@ -27,7 +28,8 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import Ticket
-from pubsub_worker._job.claim import Claim, ClaimKind
+from pubsub_worker._job.claim import Claim
+from pubsub_worker._job.fencing import Finish, raising
 from pubsub_worker._job.keys import JobIdentity
 from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger
@@ -36,17 +38,18 @@ from pubsub_worker._support.tracing import DeliveryTrace
 from pubsub_worker.errors import LostOwnership, ProcessingTimeout
 
 from . import report
-from .claiming import claim_job, claim_request, enter_gate, identify, wait_for_order
+from .claiming import claim_job, claim_request, enter_gate, identify, start_job, wait_for_order
 from .outcome import Decision, Happened, Outcome, Phase, Settled, decide
 from .runtime import Runtime
-from .settle import SettledAnswer, ack_early, note_order, settle
+from .settle import SettledAnswer, ack_early, may_return_unsettled, settle_delivery
+from .writes import write_for
 
 __all__ = ["DeliveryFlow", "RunHandler"]
 
 RunHandler = Callable[[Message, JobCore, "DeliveryFlow"], None]
 """Runs the user's handler for a claimed job and concludes the delivery through the flow:
-``conclude`` (here, now), ``conclude_later`` (on the completer, for a handler that
-returned) or ``hold`` (the message handed to the user's own threads)."""
+``conclude``, ``conclude_later`` (a handler that returned) or ``hold`` (the message
+handed to the user's own threads)."""
 
 _WRITE_TRIES = sum(1 for outcome in Outcome if outcome.write is not None)
 """A failed write is decided again, at most this many times (once per writing outcome)."""
@@ -83,6 +86,8 @@ class DeliveryFlow:
         self._published = message.publish_time.timestamp()
         self._arrival = rt.ordering.arrival() if rt.ordering is not None else 0
         self.decision: Decision | None = None
+        # A completion under way, not waited for: its decision, and the error the handler raised.
+        self._continued: tuple[Decision, BaseException | None] | None = None
         self._answer = SettledAnswer()
 
     def run(self, seen: bool) -> None:
@@ -176,22 +181,66 @@ class DeliveryFlow:
         self._conclude_guarded(Happened(Phase.RUN, error=ProcessingTimeout(why)))
 
     def conclude_later(self, happened: Happened) -> None:
-        """Conclude on the completer, which then ends the delivery; here once it is closed.
+        """Conclude a handler that returned, off its callback thread where one may.
 
-        A job with outbox entries still unsent is concluded here: its completion
-        publishes them first, and a slow publish must hold up its own callback
-        thread, never the completer's threads that other completions wait for.
-        """
+        Where the store tells when a write is done and nobody counts on the
+        callback's return meaning its message is settled
+        (:func:`~.settle.may_return_unsettled`), the completion's write is not
+        waited for (:meth:`_conclude_continued`). Else on the completer, once opened
+        (:func:`pubsub_worker.run`); else here, as does a job with outbox entries unsent
+        (a slow publish holds up its own callback thread only)."""
         job = self._job
-        if (job is not None and job.unsent_count) or not self._rt.completer.taking:
+        if job is not None and job.unsent_count:
             self.conclude(happened)
             return
-        if not self.detach():
+        if self._rt.continued and may_return_unsettled(self._message, self._rt.completer.taking):
+            self._conclude_continued(happened)
+            return
+        if not self._rt.completer.taking or not self.detach():
+            self.conclude(happened)
             return
         if not self._rt.completer.submit(lambda: self._conclude_guarded(happened)):
             with self._state:
                 self._detached = False  # closed: this (callback) thread concludes and ends it
             self.conclude(happened)
+
+    def _conclude_continued(self, happened: Happened) -> None:
+        """:meth:`conclude`, a completion's write not waited for: :meth:`_completed` goes on
+        from its outcome. Any decision but a completion is carried out here."""
+        with self._lock:
+            if self.decision is not None or self._continued is not None:
+                return
+            decision, error = self._decided(happened)
+            job = self._job
+            if decision.outcome is not Outcome.COMPLETE or job is None:
+                self.carry_out(decision, error=error)
+                return
+            if not self.detach(counted=True):
+                return
+            self._continued = (decision, error)
+        ack_early(self._message)  # the durable-ack fence: nothing unless a test switched it off
+        try:
+            job.complete(then=self._completed)
+        except Exception as exc:  # noqa: BLE001 - before the write: an outcome like any other
+            self._completed(raising(exc))
+
+    def _completed(self, finish: Finish | None, *, off: bool = False) -> None:
+        """The completion's write applied (``finish`` None): settled, reported and ended here,
+        on the thread that sent it. Else, on a thread that may wait (``off``), the write
+        is settled, decided again if it failed, and carried out."""
+        if finish is not None and not off:
+            self._rt.completer.run_off(lambda: self._completed(finish, off=True))
+            return
+        assert self._continued is not None
+        decision, error = self._continued
+        try:
+            if finish is not None:
+                decision = self._write_or_redecide(decision, first=finish)
+            self._carried_out(decision, error)
+        except Exception:  # the message comes back when its lease ends
+            self.log.exception("unexpected error concluding the delivery")
+        finally:
+            self._end()
 
     def _conclude_guarded(self, happened: Happened) -> None:
         """Conclude off the callback thread, where nobody else would see an error."""
@@ -220,46 +269,22 @@ class DeliveryFlow:
         return got
 
     def _start(self, identity: JobIdentity, result: Claim) -> JobCore | None:
-        """The claimed job, watched and traced, earlier owners' unsent outbox entries sent.
-
-        None when the delivery was concluded instead: an entry not sent,
-        ownership lost, or no attempts left (the failure path).
-        """
-        rt, settings = self._rt, self._rt.settings
-        assert result.record is not None
-        assert result.version is not None
-        job = JobCore(
-            identity=identity,
+        """The claimed job (:func:`~.claiming.start_job`); None if concluded instead."""
+        job, instead = start_job(
+            self._rt,
+            identity,
+            result,
             delivery=self._delivery,
-            record=result.record,
-            version=result.version,
-            context=rt.context,
+            ticket=self._ticket,
             log=self.log,
             trace=self.trace,
         )
         self._job = job
-        rt.keeper.attach(self._ticket, job, identity.key)
-        self.trace.claimed(
-            key=identity.key,
-            epoch=job.epoch,
-            generation=self._delivery.generation,
-            attempt=job.attempt,
-            first=result.record.trace_parent,
-        )
-        try:
-            job.publish_unsent()  # earlier owners' entries go out before anything else
-        except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
-            self.conclude(Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED))
-            return None
-        first = decide(
-            Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
-            attempts=job.attempt,
-            max_attempts=settings.max_attempts,
-        )
-        if first.outcome is not Outcome.RUN:
-            self.carry_out(first)
-            return None
-        return job
+        if isinstance(instead, Happened):
+            self.conclude(instead)
+        elif instead is not None:
+            self.carry_out(instead)
+        return job if instead is None else None
 
     def conclude(self, happened: Happened) -> Decision:
         """Decide the outcome of what happened and carry it out; the first call wins.
@@ -270,27 +295,32 @@ class DeliveryFlow:
         with self._lock:
             if self.decision is not None:
                 return self.decision
-            job = self._job
-            error = happened.error
-            if job is not None and happened.phase is Phase.RUN:
-                job.handler_returned()  # nothing the handler's threads do now changes this
-                if job.stop_error is not None:
-                    error = job.stop_error
-            happened = happened.seen(current=self._may_go_on(), error=error)
-            attempts = job.attempt if job is not None else 0
-            decision = self.carry_out(
-                decide(happened, attempts=attempts, max_attempts=self._rt.settings.max_attempts),
-                error=error,
-            )
+            if self._continued is not None:  # a completion under way goes on elsewhere
+                return self._continued[0]
+            decision, error = self._decided(happened)
+            decision = self.carry_out(decision, error=error)
         with self._state:
             detached = self._detached
         if detached:
             self._end()
         return decision
 
+    def _decided(self, happened: Happened) -> tuple[Decision, BaseException | None]:
+        """The outcome of what happened, and the error that ended the handler (under the lock)."""
+        job = self._job
+        error = happened.error
+        if job is not None and happened.phase is Phase.RUN:
+            job.handler_returned()  # nothing the handler's threads do now changes this
+            if job.stop_error is not None:
+                error = job.stop_error
+        happened = happened.seen(current=self._may_go_on(), error=error)
+        attempts = job.attempt if job is not None else 0
+        max_attempts = self._rt.settings.max_attempts
+        return decide(happened, attempts=attempts, max_attempts=max_attempts), error
+
     def _may_go_on(self) -> bool:
-        """Before its claim, only the latest delivery goes on (an older one stands down);
-        once it holds the job, until it is lost (a newer one here adopts it: :meth:`_settle`)."""
+        """Before its claim, only the latest delivery goes on (an older one stands down); once
+        it holds the job, until it is lost (a newer one here adopts it: ``settle_delivery``)."""
         tracker = self._rt.tracker
         if self._job is None:
             return tracker.is_current(self._delivery)
@@ -301,19 +331,31 @@ class DeliveryFlow:
 
         ``error``: what ended the handler, logged with its traceback.
         """
-        decision = self._write_or_redecide(decision)
+        return self._carried_out(self._write_or_redecide(decision), error)
+
+    def _carried_out(self, decision: Decision, error: BaseException | None) -> Decision:
+        """After its write: the decision taken, counted, settled on Pub/Sub and reported."""
         self.decision = decision
         rt = self._rt
-        renewal_lost = self._delivery.lost.is_set()
+        lost = self._delivery.lost.is_set()
         report.count(
             decision,
             metrics=rt.metrics,
             log=self.log,
             job=self._job,
-            renewal_lost=renewal_lost,
+            renewal_lost=lost,
             error=error,
         )
-        self._settle(decision)
+        settle_delivery(
+            decision,
+            self._message,
+            rt=rt,
+            delivery=self._delivery,
+            key=self._identity.key if self._identity is not None else None,
+            answer=self._answer,
+            log=self.log,
+            order=(self._published, self._arrival),
+        )
         report.ended(
             decision,
             trace=self.trace,
@@ -323,13 +365,24 @@ class DeliveryFlow:
         )
         return decision
 
-    def _write_or_redecide(self, decision: Decision) -> Decision:
-        """Make the write ``decision`` needs; if it fails, the decision on that failure."""
+    def _write_or_redecide(self, decision: Decision, first: Finish | None = None) -> Decision:
+        """Make the write ``decision`` needs; if it fails, the decision on that failure
+        (``first``: goes on with that write, its first attempt made already)."""
         rt = self._rt
         attempts = self._job.attempt if self._job is not None else 0
         for _ in range(_WRITE_TRIES):
             try:
-                self._write(decision)
+                if first is not None:
+                    finish, first = first, None
+                    finish()
+                else:
+                    write_for(
+                        decision,
+                        rt=rt,
+                        message=self._message,
+                        key=self._identity.key if self._identity is not None else None,
+                        job=self._job,
+                    )
                 break
             except Exception as exc:  # noqa: BLE001 - a failed write is an event like any other
                 if decision.outcome is Outcome.REVIEW and not isinstance(exc, LostOwnership):
@@ -344,57 +397,3 @@ class DeliveryFlow:
                     max_attempts=rt.settings.max_attempts,
                 )
         return decision
-
-    def _settle(self, decision: Decision) -> None:
-        """Settle on Pub/Sub, with the hooks around it and the ordering key noted first.
-
-        A delivery that a newer one of its message adopted never settles with
-        its stale handle: it is dropped, and the newer one, which waits for
-        this one's key, settles from the record this one left.
-        """
-        rt = self._rt
-        if decision.outcome is not Outcome.DROP and not rt.tracker.is_current(self._delivery):
-            why = f"{decision.why}; a newer delivery of this message settles it"
-            decision = Decision(Outcome.DROP, why, phase=decision.phase)
-        key = self._identity.key if self._identity is not None else None
-        message_id = self._message.message_id
-        if decision.outcome.acks:
-            rt.hooks.before_ack(key, message_id)
-
-        def acked(answer: str) -> None:
-            rt.hooks.settled(message_id, decision.outcome.value, answer)
-            self._answer.set(Settled(decision, answer))
-
-        note_order(
-            rt.ordering, self._message, decision, published=self._published, arrival=self._arrival
-        )
-        settle(
-            decision, self._message, metrics=rt.metrics, log=self.log, on_ack=acked, acks=rt.acks
-        )
-        if not decision.outcome.acks:
-            rt.hooks.settled(message_id, decision.outcome.value, None)
-            self._answer.set(Settled(decision))
-
-    def _write(self, decision: Decision) -> None:
-        job, outcome = self._job, decision.outcome
-        if outcome.write is None:
-            return
-        if outcome is Outcome.REVIEW:
-            message = self._message
-            self._rt.failure.send(
-                message_id=message.message_id,
-                data=message.data,
-                attributes=message.attributes,
-                key=self._identity.key if self._identity is not None else None,
-                reason=decision.reason or "error",
-                error=decision.error or decision.why,
-                job=job,
-            )
-            return
-        if job is None:
-            raise LostOwnership("no job was claimed")  # cannot happen: decide needs a claim
-        if outcome is Outcome.COMPLETE:
-            ack_early(self._message)  # the durable-ack fence: nothing unless a test switched it off
-            job.complete()
-        else:
-            job.release(decision.error, count_attempt=outcome is Outcome.RETRY)

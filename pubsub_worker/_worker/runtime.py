@@ -36,6 +36,7 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores import job_index
 from pubsub_worker.stores.base import JobStore, Review, Status
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+from pubsub_worker.stores.continued import ContinuedStore
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from pubsub_worker.stores.memory import MemoryJobStore
 
@@ -82,6 +83,10 @@ class Runtime:
     (None for a push endpoint: Pub/Sub pushes a key's next message only after a 2xx)."""
     checked: bool = False
     """The subscription and failure topic were checked."""
+    continued: bool = False
+    """The store tells when a write is done (a
+    :class:`~pubsub_worker.stores.continued.ContinuedStore`): a completion need not be
+    waited for on its callback thread."""
 
     @functools.cached_property
     def subscription(self) -> str:
@@ -175,6 +180,7 @@ def build(
         completer=Completer(settings.max_messages, taking=False),  # run() opens it
         acks=Acks(),
         draining=draining,
+        continued=isinstance(store, ContinuedStore),
         ordering=(
             OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)) if ordering else None
         ),

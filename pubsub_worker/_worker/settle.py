@@ -19,22 +19,25 @@ from typing import Any, Protocol
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from pubsub_worker._delivery.acks import Acks
-from pubsub_worker._delivery.generations import OrderingKeys
+from pubsub_worker._delivery.acks import Acks, manager_of
+from pubsub_worker._delivery.generations import Delivery, OrderingKeys
 from pubsub_worker._delivery.lease import LOST_STATUSES
 from pubsub_worker._support import fences
 from pubsub_worker._support.metrics import Counter, Metrics
 
 from .outcome import MAX_DEFER_S, MIN_DEFER_S, Decision, Outcome, Settled
+from .runtime import Runtime
 
 __all__ = [
     "AckObserver",
     "Settleable",
     "SettledAnswer",
     "ack_early",
+    "may_return_unsettled",
     "note_order",
     "ordering_key",
     "settle",
+    "settle_delivery",
 ]
 
 
@@ -87,6 +90,23 @@ AckObserver = Callable[[str], None]
 
 _EARLY: dict[int, concurrent.futures.Future[Any]] = {}
 """Acks sent before the completion's write (the ``durable-ack`` fence switched off), by message."""
+
+
+def may_return_unsettled(message: Message, concluding_off_thread: bool) -> bool:
+    """Whether a callback may return before ``message`` is settled, its ack sent later.
+
+    Only where nobody counts on the callback's return: a worker that drains
+    its conclusions before it closes the stream (``concluding_off_thread``:
+    :func:`pubsub_worker.run`), or a stock client's stream that does not wait
+    for its callbacks at shutdown (the client's default: a callback still
+    running then sends its ack after the stream closed, continued or not).
+    Never a push request's (its answer is its settlement) or a stream that
+    waits for its callbacks (``await_callbacks_on_shutdown=True``).
+    """
+    if concluding_off_thread:
+        return True
+    manager = manager_of(message)
+    return manager is not None and not getattr(manager, "_await_callbacks_on_shutdown", True)
 
 
 def ack_early(message: Settleable) -> None:
@@ -197,3 +217,42 @@ def note_order(
         ordering.finished(key, message.message_id)
     else:
         ordering.unfinished(key, message.message_id, published, arrival, decision.delay_s)
+
+
+def settle_delivery(
+    decision: Decision,
+    message: Message,
+    *,
+    rt: Runtime,
+    delivery: Delivery,
+    key: str | None,
+    answer: SettledAnswer,
+    log: logging.LoggerAdapter[logging.Logger],
+    order: tuple[float, int],
+) -> None:
+    """Settle a delivery on Pub/Sub: :func:`settle`, the hooks around it, its ordering key noted.
+
+    A delivery that a newer one of its message adopted never settles with
+    its stale handle: it is dropped, and the newer one, which waits for this
+    one's key, settles from the record this one left. ``answer`` is told how
+    it was settled (for an ack: once answered). ``order``: the message's
+    publish time and arrival, for :func:`note_order`.
+    """
+    if decision.outcome is not Outcome.DROP and not rt.tracker.is_current(delivery):
+        why = f"{decision.why}; a newer delivery of this message settles it"
+        decision = Decision(Outcome.DROP, why, phase=decision.phase)
+    message_id = message.message_id
+    hooks = rt.hooks
+    if decision.outcome.acks:
+        hooks.before_ack(key, message_id)
+
+    def acked(result: str) -> None:
+        hooks.settled(message_id, decision.outcome.value, result)
+        answer.set(Settled(decision, result))
+
+    published, arrival = order
+    note_order(rt.ordering, message, decision, published=published, arrival=arrival)
+    settle(decision, message, metrics=rt.metrics, log=log, on_ack=acked, acks=rt.acks)
+    if not decision.outcome.acks:
+        hooks.settled(message_id, decision.outcome.value, None)
+        answer.set(Settled(decision))

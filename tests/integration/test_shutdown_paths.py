@@ -22,6 +22,7 @@ import pytest
 
 import pubsub_worker
 from emulator import SubscriptionHandle
+from pubsub_worker.stores.batching import BatchingFirestoreJobStore
 from tests.support.observe import assert_not_redelivered, end_stale_streams
 
 from .conftest import RunningWorker
@@ -157,7 +158,10 @@ def test_ending_the_stream_without_drain_loses_nothing_and_acks_nothing_twice(
         job.step("work", lambda: work.add(job.key))
 
     handler: Any = callback if shape == "callback" else handle
-    first = pubsub_worker.exactly_once(handler, settings=settings, hooks=first_hooks)
+    # One write per batch: a finished job's ack is sent by the thread that settled its
+    # completion's write, and the hook held there would hold the other writes of its batch.
+    store = BatchingFirestoreJobStore(firestore_client, settings.collection, max_batch=1)
+    first = pubsub_worker.exactly_once(handler, settings=settings, hooks=first_hooks, store=store)
     keys = [f"job-{n}" for n in range(6)]
     client = pubsub_v1.SubscriberClient()
     future = client.subscribe(
@@ -182,6 +186,7 @@ def test_ending_the_stream_without_drain_loses_nothing_and_acks_nothing_twice(
     first.wait_concluded(WAIT_S)
     wait_until(lambda: first.in_flight() == 0)
     first.close()
+    store.close()
 
     end_stale_streams(subscriber, eod_subscription.subscription_path)
     second = pubsub_worker.exactly_once(handler, settings=settings, hooks=second_hooks)
