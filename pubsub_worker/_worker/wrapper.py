@@ -101,8 +101,11 @@ class ExactlyOnce:
         takes the next message meanwhile. Only for a caller that calls
         :meth:`drain` before it closes the subscriber's stream, as
         :func:`pubsub_worker.run` does: otherwise a conclusion could send its
-        ack after the client's dispatcher stopped. Without it, a callback
-        returns once its message is settled, as with the stock client.
+        ack after the client's dispatcher stopped. Without it, a callback of
+        a subscriber that waits for its callbacks at shutdown
+        (``await_callbacks_on_shutdown=True``) returns once its message is
+        settled, as with the stock client; at the client's default, on a
+        store that continues writes, once its completion is handed over.
         ``concluding_threads``: how many conclusions run at once off the
         callback threads; by default ``MAX_MESSAGES``. Give the flow control's
         ``max_messages``: every admitted message may be a finished job waiting
