@@ -94,13 +94,17 @@ def _thread_switches(role: str | None) -> Callable[[Run], float | None]:
     return value
 
 
+def _rss_growth(run: Run) -> float:
+    """Peak RSS growth of the run's consumers, MB: peak less the RSS once ready."""
+    return float(max(p - r for p, r in zip(run["peak_rss_mb"], run["rss_ready_mb"], strict=True)))
+
+
 def _rss_per_1000(run: Run) -> float | None:
     """Peak RSS growth per 1,000 messages the client held (None below 100 held: noise)."""
     held = max(backlog(run)["leased_peak"])
     if held < 100:
         return None
-    grown = max(p - r for p, r in zip(run["peak_rss_mb"], run["rss_ready_mb"], strict=True))
-    return float(grown * 1000 / held)
+    return _rss_growth(run) * 1000 / float(held)
 
 
 def summarize(
@@ -197,6 +201,7 @@ def summarize(
             "peak_rss_mb": _median(_values(good, lambda r: max(r["peak_rss_mb"]))),
             "leased_peak": _median(_values(good, lambda r: max(backlog(r)["leased_peak"]))),
             "rss_per_1000_mb": _median(_values(good, _rss_per_1000)),
+            "rss_growth_mb": _median(_values(good, _rss_growth)),
             "process_share": _median(
                 _values(
                     good,

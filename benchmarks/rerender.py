@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdown import breakdown
-from benchmarks.report import render_markdown, write_markdown
+from benchmarks.report import render_markdown, summarize, write_markdown
 from benchmarks.run import settled
 
 __all__ = ["main", "rerender"]
@@ -29,9 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def rerender(report: dict[str, Any], profiles: Path) -> dict[str, Any]:
-    """``report`` with each profiled run's breakdown derived again from ``profiles``, and
-    whether its settling runs settled the emulators judged again from their figures."""
+    """``report`` with its summary derived again from its runs, each profiled run's breakdown
+    from ``profiles``, and whether its settling runs settled the emulators judged again."""
     report["settled"] = settled(report.get("settling") or [])
+    options = report["options"]
+    report["summary"] = summarize(report["runs"], options["scenarios"], options["concurrency"])
     for name, run in report.get("profiled", {}).items():
         messages = run["phases"]["backlog"]["messages"] if run.get("ok") else 0
         run["breakdown"] = breakdown(profiles, name, messages)

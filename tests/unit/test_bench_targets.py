@@ -72,3 +72,31 @@ def test_an_unmet_targets_why_names_the_page_that_explains_it() -> None:
     assert "**no** ([why](benchmarks.md#why-rpcs))" in lines[2]
     assert "**no** ([why](elsewhere.md#why-latency))" in lines[3]
     assert "| yes |" in lines[4]
+
+
+def _memory(held: int, per_1000: float, grown: float) -> dict[str, Any]:
+    stock = _row("stock-eod-default", 0.3)
+    stock.update(leased_peak=850, rss_per_1000_mb=5.5, rss_growth_mb=4.7, in_flight_limit=1000)
+    wrapped = _row("stock-eod-default", 0.4, 1.3)
+    wrapped.update(
+        leased_peak=held,
+        rss_per_1000_mb=per_1000,
+        rss_growth_mb=grown,
+        in_flight_limit=1000,
+        peak_rss_mb=88.0,
+    )
+    return {"summary": {"stock-eod-default": stock, "wrapped-1-default": wrapped}, "runs": []}
+
+
+def test_memory_per_message_held_is_judged_against_twice_the_stock_client_s() -> None:
+    memory = "Memory bounded by flow control"
+    assert _met(_memory(held=600, per_1000=10.0, grown=6.0), memory) is True
+    assert _met(_memory(held=600, per_1000=12.0, grown=7.2), memory) is False
+
+
+def test_holding_few_messages_the_wrapper_s_whole_growth_is_judged() -> None:
+    """191 held, 2.2 MB grown: 11 MB per 1,000 held is the run's fixed growth divided by few."""
+    memory = "Memory bounded by flow control"
+    assert _met(_memory(held=191, per_1000=11.5, grown=2.2), memory) is True
+    assert _met(_memory(held=191, per_1000=30.0, grown=5.7), memory) is False
+    assert _met(_memory(held=1200, per_1000=1.0, grown=1.2), memory) is False  # over the limit
