@@ -36,7 +36,7 @@ from pubsub_worker.stores import base as s
 from pubsub_worker.stores import job_index
 from pubsub_worker.stores.base import JobStore, Review, Status
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
-from pubsub_worker.stores.continued import ContinuedStore
+from pubsub_worker.stores.continued import continues
 from pubsub_worker.stores.firestore import FirestoreJobStore
 from pubsub_worker.stores.memory import MemoryJobStore
 
@@ -180,7 +180,7 @@ def build(
         completer=Completer(settings.max_messages, taking=False),  # run() opens it
         acks=Acks(),
         draining=draining,
-        continued=isinstance(store, ContinuedStore),
+        continued=continues(store),
         ordering=(
             OrderingKeys(expiry_s=max(2.0 * settings.lease_seconds, 60.0)) if ordering else None
         ),

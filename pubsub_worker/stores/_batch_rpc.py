@@ -27,7 +27,7 @@ from .base import Version
 
 __all__ = ["batch_write_call", "failed", "outcomes", "request", "send_batch"]
 
-_LOGGER = logging.getLogger("pubsub_worker.stores._batcher")
+_LOGGER = logging.getLogger(__name__)
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _METHOD = "/google.firestore.v1.Firestore/BatchWrite"
 _REQUEST = firestore_types.BatchWriteRequest.pb()

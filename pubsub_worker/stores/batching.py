@@ -112,12 +112,16 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         )
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
+        write_id, write = self._update_write(doc_id, changes, expected)
+        return self._settled_update(doc_id, write_id, expected, lambda: self.batcher.submit(write))
+
+    def _update_write(self, doc_id: str, changes: Changes, expected: Version) -> tuple[str, Any]:
+        """A conditional update's write id and raw ``Write`` protobuf."""
         write_id = new_write_id()
         if not isinstance(expected, datetime.datetime):
             raise TypeError(f"not a version of this store: {expected!r}")
         data = {**changes, (WRITE_ID,): write_id}
-        write = update_write(self._name(doc_id), data, expected)
-        return self._settled_update(doc_id, write_id, expected, lambda: self.batcher.submit(write))
+        return write_id, update_write(self._name(doc_id), data, expected)
 
     def update_then(self, doc_id: str, changes: Changes, *, expected: Version, then: Then) -> None:
         """``update``, its outcome handed to ``then`` (:class:`~.continued.ContinuedStore`).
@@ -128,11 +132,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         outcome is unknown, sends it again if it did not land, retries
         transient errors), on whatever thread calls it.
         """
-        write_id = new_write_id()
-        if not isinstance(expected, datetime.datetime):
-            raise TypeError(f"not a version of this store: {expected!r}")
-        data = {**changes, (WRITE_ID,): write_id}
-        write = update_write(self._name(doc_id), data, expected)
+        write_id, write = self._update_write(doc_id, changes, expected)
 
         def settled(sent: QueuedWrite) -> None:
             first = sent.error
