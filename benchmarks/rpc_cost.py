@@ -7,8 +7,10 @@ twice each, alternating:
 - ``generated``: the generated client's wrapped ``batch_write`` method
   (proto-plus request, ``api_core``'s retry and timeout layers), as the
   batching store sent them before;
-- ``raw``: the raw request on the client's gRPC channel, as the batching
-  store sends them now (:func:`pubsub_worker.stores._batch_rpc.batch_write_call`);
+- ``raw``: the request on the client's gRPC channel as the batching store
+  sends it now (:func:`pubsub_worker.stores._batch_rpc.batch_write_call`):
+  each write serialized once, the request framed from those bytes
+  (:func:`pubsub_worker.stores._batch_rpc.request`; the serializing is timed);
 - ``raw-future``: the same through the stub's ``future()`` and a done-callback
   (the RPC answered on gRPC's thread), a design the store does not use;
 - ``write-stream``: Firestore's bidirectional ``Write`` stream, opened once,
@@ -48,7 +50,7 @@ __all__ = ["main"]
 def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
     from google.cloud.firestore_v1.types import firestore as firestore_types  # noqa: PLC0415
 
-    from pubsub_worker.stores._batch_rpc import batch_write_call  # noqa: PLC0415
+    from pubsub_worker.stores._batch_rpc import batch_write_call, request  # noqa: PLC0415
 
     api, database = client._firestore_api, client._database_string
     wrapped = firestore_types.BatchWriteRequest
@@ -61,14 +63,15 @@ def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
             request=request, metadata=client._rpc_metadata, retry=None, timeout=10
         )
 
+    def serialized(writes: list[Any]) -> bytes:  # as the store sends them: each write once
+        return request(database, [write.SerializeToString() for write in writes])
+
     def raw(writes: list[Any]) -> Any:
-        return call(raw_request(database=database, writes=writes), timeout=10, metadata=metadata)
+        return call(serialized(writes), timeout=10, metadata=metadata)
 
     def raw_future(writes: list[Any]) -> Any:
         done = threading.Event()
-        future = call.future(
-            raw_request(database=database, writes=writes), timeout=10, metadata=metadata
-        )
+        future = call.future(serialized(writes), timeout=10, metadata=metadata)
         future.add_done_callback(lambda _: done.set())
         done.wait()
         return future.result()

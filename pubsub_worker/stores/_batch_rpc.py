@@ -5,12 +5,17 @@ metadata its generated client sends (resource prefix, routing header, client
 info, the emulator's token), skipping the generated client's wrapped method
 (proto-plus, ``api_core``'s retry and timeout layers, its logging channel);
 ``python -m benchmarks.rpc_cost`` measures the difference
-(``docs/benchmarks.md``). ``BatchWrite`` is not atomic: the response carries
-a status and an update time per write, and :func:`outcomes` reads them.
+(``docs/benchmarks.md``). Each write is serialized once, as it is queued
+(its size counts against the request's cap), and the request is those bytes
+framed after its database field (:func:`request`): no write is copied into a
+request message and serialized again. ``BatchWrite`` is not atomic: the
+response carries a status and an update time per write, and :func:`outcomes`
+reads them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -25,12 +30,11 @@ from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[impor
 from ._queued import QueuedWrite
 from .base import Version
 
-__all__ = ["batch_write_call", "failed", "outcomes", "request", "send_batch"]
+__all__ = ["batch_write_call", "failed", "field", "outcomes", "request", "send_batch"]
 
 _LOGGER = logging.getLogger(__name__)
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _METHOD = "/google.firestore.v1.Firestore/BatchWrite"
-_REQUEST = firestore_types.BatchWriteRequest.pb()
 _RESPONSE = firestore_types.BatchWriteResponse.pb()
 
 Outcome = tuple[Version | None, BaseException | None]
@@ -47,7 +51,7 @@ def batch_write_call(client: firestore.Client) -> tuple[Any, tuple[tuple[str, st
     transport = client._firestore_api._transport
     call = transport.grpc_channel.unary_unary(
         _METHOD,
-        request_serializer=_REQUEST.SerializeToString,
+        request_serializer=None,  # the request is sent as serialized (:func:`request`)
         response_deserializer=_RESPONSE.FromString,
     )
     routing = gapic_v1.routing_header.to_grpc_metadata(  # type: ignore[no-untyped-call]
@@ -66,7 +70,7 @@ def send_batch(
     metadata: tuple[tuple[str, str], ...],
 ) -> None:
     """Send one ``BatchWrite`` of the queued writes and settle each with its own outcome."""
-    sent = request(database, [w.pb for w in batch])
+    sent = request(database, [w.data for w in batch])
     try:
         response = call(sent, timeout=timeout, metadata=metadata)
     except grpc.RpcError as exc:
@@ -79,9 +83,31 @@ def send_batch(
         write.settle(version, write_error)
 
 
-def request(database: str, writes: Sequence[Any]) -> Any:
-    """A raw ``BatchWriteRequest`` of raw ``Write`` protobufs."""
-    return _REQUEST(database=database, writes=writes)
+def request(database: str, writes: Sequence[bytes]) -> bytes:
+    """A serialized ``BatchWriteRequest`` of serialized ``Write`` protobufs.
+
+    Its fields in number order, as a protobuf serializer writes them:
+    ``database`` (1), then each of ``writes`` (2, repeated).
+    """
+    return b"".join([_database_field(database), *[field(2, write) for write in writes]])
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: its tag, the payload's length as a varint, the
+    payload (as many bytes as :func:`~pubsub_worker.stores._writes.framed_bytes` counts;
+    field numbers below 16)."""
+    size = len(payload)
+    head = bytearray(((number << 3) | 2,))
+    while size > 0x7F:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + payload
+
+
+@functools.lru_cache(maxsize=8)
+def _database_field(database: str) -> bytes:
+    return field(1, database.encode())
 
 
 def failed(error: grpc.RpcError) -> BaseException:

@@ -160,9 +160,9 @@ class WriteBatcher:
         self, write_pb: Any, create: bool, then: Callable[[QueuedWrite], None] | None
     ) -> QueuedWrite:
         """Queue a write; send its batch on this thread if a slot is free (no hand-off)."""
-        # Sized once, here, outside the lock (ByteSize() serializes the write).
-        size = framed_bytes(write_pb.ByteSize())
-        write = QueuedWrite(write_pb.update.name, write_pb, size, create, then)
+        # Serialized once, here, outside the lock: its size, and its part of the request.
+        data = write_pb.SerializeToString()
+        write = QueuedWrite(write_pb.update.name, data, framed_bytes(len(data)), create, then)
         batch: list[QueuedWrite] = []
         with self._cond:
             if self._closed:

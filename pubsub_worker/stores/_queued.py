@@ -27,9 +27,9 @@ class QueuedWrite:
     __slots__ = (
         "_unsettled",
         "create",
+        "data",
         "doc_path",
         "error",
-        "pb",
         "queued_at",
         "sent",
         "settled",
@@ -41,16 +41,16 @@ class QueuedWrite:
     def __init__(
         self,
         doc_path: str,
-        pb: Any,
+        data: bytes,
         size: int,
         create: bool = False,
         then: Callable[[QueuedWrite], None] | None = None,
     ) -> None:
         self.doc_path = doc_path
-        self.pb = pb
-        """The raw ``google.firestore.v1.Write`` protobuf, precondition included."""
+        self.data = data
+        """The serialized ``google.firestore.v1.Write``, precondition included."""
         self.size = size
-        """Bytes the write adds to a ``BatchWrite`` request: its serialized protobuf, framed."""
+        """Bytes the write adds to a ``BatchWrite`` request: :attr:`data`, framed."""
         self.create = create
         """A create: a job's first write (its claim)."""
         self.then = then

@@ -21,7 +21,7 @@ from emulator import Emulators, TcpProxy
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 from pubsub_worker.stores import batching
-from pubsub_worker.stores._batch_rpc import batch_write_call
+from pubsub_worker.stores._batch_rpc import batch_write_call, request
 from pubsub_worker.stores._writes import create_write, framed_bytes
 from pubsub_worker.stores.base import AlreadyExists, Version, VersionConflict
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
@@ -571,10 +571,9 @@ def _recorded_requests(
     recorded = _Recorded([], threading.Event())
     call = batcher._call
 
-    def record(request: Any, **kwargs: Any) -> Any:
-        recorded.sent.append(
-            (request.ByteSize(), [w.update.name.rsplit("/", 1)[1] for w in request.writes])
-        )
+    def record(request: bytes, **kwargs: Any) -> Any:
+        writes = firestore_types.BatchWriteRequest.pb().FromString(request).writes
+        recorded.sent.append((len(request), [w.update.name.rsplit("/", 1)[1] for w in writes]))
         if len(recorded.sent) == 1:
             _wait_until_queued(batcher, held_until_queued)
             recorded.released.set()
@@ -724,8 +723,9 @@ def test_a_write_left_for_its_size_is_not_overtaken_by_a_later_write_to_its_docu
         store.close()
 
 
-def test_the_byte_cap_counts_the_request_as_serialized() -> None:
-    """A request's bytes are its database field plus each write framed, across varint widths."""
+def test_the_request_is_the_writes_framed_as_the_byte_cap_counts_them() -> None:
+    """The request framed from serialized writes parses back to them, and its size is the
+    database field plus each write framed (what the cap counts), across varint widths."""
     request_type = firestore_types.BatchWriteRequest.pb()
     database = "projects/p/databases/(default)"
     writes = [
@@ -735,9 +735,12 @@ def test_the_byte_cap_counts_the_request_as_serialized() -> None:
     sizes = {w.ByteSize() for w in writes}
     assert {127, 128, 16_383, 16_384, 2_097_151, 2_097_152} & sizes  # widths 1 to 4 covered
     for write in writes:
-        request = request_type(database=database, writes=[write, write])
-        expected = framed_bytes(len(database)) + 2 * framed_bytes(write.ByteSize())
-        assert request.ByteSize() == expected
+        data = write.SerializeToString()
+        sent = request(database, [data, data])
+        assert len(sent) == framed_bytes(len(database)) + 2 * framed_bytes(len(data))
+        assert sent == request_type(database=database, writes=[write, write]).SerializeToString()
+    parsed = request_type.FromString(request(database, [w.SerializeToString() for w in writes]))
+    assert (parsed.database, list(parsed.writes)) == (database, writes)
 
 
 def test_a_byte_cap_over_productions_limit_is_refused(firestore_client: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.cloud.firestore_v1.types import firestore as firestore_types
 
 from pubsub_worker._job.records import MAX_RESULT_BYTES, encode
 from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.emulator
 PRODUCTION_REQUEST_BYTES = 10 * 1024 * 1024
 """Firestore's limit on one API request (10 MiB)."""
 JOBS = 60
+_REQUEST = firestore_types.BatchWriteRequest.pb()
 
 
 class _PayloadTooLarge(grpc.RpcError):
@@ -71,10 +73,10 @@ def requests(store: BatchingFirestoreJobStore, monkeypatch: pytest.MonkeyPatch) 
     seen = Requests()
     call = store.batcher._call
 
-    def checked(request: Any, **kwargs: Any) -> Any:
-        size = request.ByteSize()
+    def checked(request: bytes, **kwargs: Any) -> Any:
+        size = len(request)
         seen.sizes.append(size)
-        seen.writes.append(len(request.writes))
+        seen.writes.append(len(_REQUEST.FromString(request).writes))
         if seen.hold.is_set():
             assert seen.released.wait(30), "the held requests were never released"
         if size > PRODUCTION_REQUEST_BYTES:
