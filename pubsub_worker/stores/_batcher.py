@@ -1,6 +1,7 @@
 """The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
 
-:class:`WriteBatcher` queues raw ``Write`` protobufs and sends them together
+:class:`WriteBatcher` queues raw ``Write`` protobufs (each serialized once, as it is
+queued) and sends them together
 in one ``BatchWrite`` RPC (group commit), at most ``max_in_flight`` batches
 at a time (one by default). A write that finds a batch slot free is sent at
 once by the thread that brings it, with whatever else is queued (at most

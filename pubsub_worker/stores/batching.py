@@ -23,8 +23,9 @@ then fail its precondition, the document is read once more: a first attempt
 that landed late is recognised as this write, not reported as a conflict.
 Reads and transactions are not batched.
 
-Writes are built as raw protobufs (:mod:`pubsub_worker.stores._writes`) and
-sent as a raw ``BatchWrite`` request on the client's own gRPC channel
+Writes are built as raw protobufs (:mod:`pubsub_worker.stores._writes`),
+serialized once as they are queued, and sent as a ``BatchWrite`` request
+framed from those bytes on the client's own gRPC channel
 (:mod:`pubsub_worker.stores._batch_rpc`); what that saves is measured in
 ``docs/benchmarks.md``.
 """
