@@ -1,9 +1,8 @@
 """The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
 
-:class:`WriteBatcher` queues raw ``Write`` protobufs (each serialized once, as it is
-queued) and sends them together
-in one ``BatchWrite`` RPC (group commit), at most ``max_in_flight`` batches
-at a time (one by default). A write that finds a batch slot free is sent at
+:class:`WriteBatcher` queues raw ``Write`` protobufs (each serialized once, as it
+is queued) and sends them together in one ``BatchWrite`` RPC (group commit), at
+most ``max_in_flight`` batches at a time (one by default). A write that finds a batch slot free is sent at
 once by the thread that brings it, with whatever else is queued (at most
 ``max_batch`` writes and ``max_batch_bytes`` of serialized request, 4 MB by
 default: a request refused for its size, over 10 MiB in production or 4 MiB
