@@ -1,17 +1,17 @@
 """The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
 
-:class:`WriteBatcher` queues raw ``Write`` protobufs (each serialized once, as it
-is queued) and sends them together in one ``BatchWrite`` RPC (group commit), at
-most ``max_in_flight`` batches at a time (one by default). A write that finds a batch slot free is sent at
-once by the thread that brings it, with whatever else is queued (at most
-``max_batch`` writes and ``max_batch_bytes`` of serialized request, 4 MB by
-default: a request refused for its size, over 10 MiB in production or 4 MiB
-on the emulator, fails every write in it); writes that arrive while every
-slot is busy wait for a flusher, which sends them in one batch as a slot
-frees. At low load a batch holds one write and nothing waits for a timer or
-another thread (``linger_s`` holds each batch open longer, on a flusher).
-A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on a
-continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
+:class:`WriteBatcher` queues raw ``Write`` protobufs, each serialized once as it
+is queued, and sends them together in one ``BatchWrite`` RPC (group commit), at
+most ``max_in_flight`` batches at a time (one by default). A write that finds a
+batch slot free is sent at once by the thread that brings it, with whatever else
+is queued (at most ``max_batch`` writes and ``max_batch_bytes`` of serialized
+request, 4 MB by default: a request refused for its size, over 10 MiB in
+production or 4 MiB on the emulator, fails every write in it); writes that
+arrive while every slot is busy wait for a flusher, which sends them in one
+batch as a slot frees. At low load a batch holds one write and nothing waits for
+a timer or another thread (``linger_s`` holds each batch open longer, on a
+flusher). A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on
+a continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
 :mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
 
 Long round trips are not left to add up (:class:`~._slots.Slots` has the
