@@ -123,6 +123,7 @@ class Engine:
         self.call = HandlerCall(handler)
         self.door = door
         self._publisher = self.options.get("publisher")
+        self.arriving: Callable[[], int | None] | None = None  # messages waiting for a thread
         self._hooks = self.options.get("hooks") or Hooks()
         self._lock = threading.Lock()  # guards _runtime, _closed and _shutdown
         self._runtime: Runtime | None = None
@@ -172,6 +173,7 @@ class Engine:
                     stopping=self._stopping,
                     draining=self._draining,
                     ordering=self.door.keeps_order,
+                    arriving=self.arriving,
                 )
             elif self._closed or self._draining.is_set():  # started again: a new run
                 self._stopping.clear()

@@ -16,6 +16,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import google.cloud.pubsub_v1 as pubsub_v1
@@ -109,10 +110,13 @@ def build(
     stopping: threading.Event,
     draining: threading.Event,
     ordering: bool = True,
+    arriving: Callable[[], int | None] | None = None,
 ) -> Runtime:
     """Clients, store and helpers for ``settings``; checks Firestore when it makes the client.
 
     ``ordering``: keep the ordering keys' memory (a push endpoint has none).
+    ``arriving``: how many messages received wait for a callback thread, where the
+    worker can tell (:attr:`~pubsub_worker.stores._slots.Slots.arriving`).
     """
     subscription = settings.subscription_path  # ConfigError when unset
     if store is None:
@@ -125,6 +129,7 @@ def build(
     tracker = DeliveryTracker()
     if isinstance(store, BatchingFirestoreJobStore):  # a batch is held open for other jobs
         store.batcher.slots.writers = tracker.__len__
+        store.batcher.slots.arriving = arriving
     keeper = LeaseKeeper(
         lease_s=settings.lease_seconds,
         max_processing_s=settings.max_processing_seconds,

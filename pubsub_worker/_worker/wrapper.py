@@ -65,6 +65,8 @@ class ExactlyOnce:
     def __init__(self, handler: Callable[..., Any], **options: Unpack[Options]) -> None:
         self._engine = Engine(handler, door=PULL, **options)
         self._receipts: dict[str, float] = {}  # ack id -> monotonic receipt time
+        self._reported = False  # received() was called: receipts are reported (run())
+        self._engine.arriving = self._arriving
         self.__wrapped__ = self._engine.call.handler
         self.__name__ = getattr(self.__wrapped__, "__name__", type(self).__name__)
         self.__doc__ = getattr(self.__wrapped__, "__doc__", None)
@@ -180,8 +182,14 @@ class ExactlyOnce:
         :func:`pubsub_worker.run` calls it from its scheduler, before the
         message waits for a thread. Without it the time counts from the call.
         """
+        self._reported = True
         if len(self._receipts) < _MAX_RECEIPTS:
             self._receipts[message.ack_id] = time.monotonic()
+
+    def _arriving(self) -> int | None:
+        """Messages :meth:`received` and not yet handed over (waiting for a thread); None
+        when receipts are not reported (a plain ``subscribe``: the wrapper cannot tell)."""
+        return len(self._receipts) if self._reported else None
 
     # -- one delivery -------------------------------------------------------------
 

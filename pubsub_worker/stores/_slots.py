@@ -12,7 +12,9 @@ in all. And while round trips are long (their moving average at least
 ``slow_after_s``) and no batch is in flight, a batch is held open up to
 ``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
 set by the worker) has no write out yet; a batch with a claim that finds
-none waits a glance (a quarter of that) for a callback about to start. The
+none waits a glance (a quarter of that) for a callback about to start,
+unless the worker knows none is (``arriving``: under ``run()``, whose
+scheduler reports each message as it is received, none waits for a thread). The
 jobs of one pull response then claim, and complete, in one RPC, so their
 acks reach the client's dispatcher together instead of each behind the
 other's round trip. On loopback an RPC is answered sooner: the slow slots
@@ -66,6 +68,9 @@ class Slots:
         """Moving average of the batches' round trips, seconds (0 before the first)."""
         self.writers: Callable[[], int] | None = None
         """Jobs in flight in the worker (set by it); None: unknown, nothing is held open."""
+        self.arriving: Callable[[], int | None] | None = None
+        """Messages received and waiting for a callback thread, each to bring a claim (set
+        by a worker whose scheduler reports receipts); None, or None from it: unknown."""
 
     def take(self, now: float) -> None:
         """A batch goes."""
@@ -106,9 +111,11 @@ class Slots:
         may bring one. A batch with a job's first write (``claims``) that
         finds no such job still waits a glance (a quarter of ``gather_s``):
         the callbacks of the same pull response start one after another,
-        each once the thread before it blocks. A batch of later writes only
-        (completions) does not: a callback about to start would bring a
-        claim, which gains nothing from riding with them.
+        each once the thread before it blocks. Not when the worker knows no
+        callback is about to start (:attr:`arriving` says none waits for a
+        thread). A batch of later writes only (completions) does not: a
+        callback about to start would bring a claim, which gains nothing
+        from riding with them.
         """
         writers = self.writers
         if not self._gather_s or writers is None or self.sending:
@@ -117,8 +124,14 @@ class Slots:
             return None
         if writers() > writing:
             left = queued_at + self._gather_s - now
-        elif claims:
+        elif claims and self._may_start():
             left = queued_at + self._gather_s * _GLANCE - now
         else:
             return None
         return left if left > 0 else None
+
+    def _may_start(self) -> bool:
+        """A callback may start soon: the worker cannot tell, or a message waits for one."""
+        arriving = self.arriving
+        waiting = arriving() if arriving is not None else None
+        return waiting is None or waiting > 0

@@ -96,6 +96,19 @@ def test_the_only_job_s_write_waits_a_glance_for_a_callback_about_to_start(
     assert _GATHER_S / 4 <= batches.sent[0][0] - started < _GATHER_S / 4 + 0.3
 
 
+def test_the_only_job_s_claim_goes_at_once_when_no_message_waits_for_a_thread(
+    slow_store: BatchingFirestoreJobStore,
+) -> None:
+    """Under ``run()`` the worker knows: no message received waits for a thread."""
+    slow_store.batcher.slots.writers = lambda: 1
+    slow_store.batcher.slots.arriving = lambda: 0
+    batches = _Batches(slow_store)
+    started = time.monotonic()
+    slow_store.create("only", {"epoch": 1})
+    assert batches.docs() == [["only"]]
+    assert batches.sent[0][0] - started < _GATHER_S / 4
+
+
 def test_the_only_job_s_update_goes_at_once(slow_store: BatchingFirestoreJobStore) -> None:
     """A completion waits no glance: a callback about to start would only bring a claim."""
     slow_store.batcher.slots.writers = lambda: 1
@@ -155,6 +168,37 @@ def test_a_worker_tells_its_batching_store_how_many_jobs_it_has(
         assert message.outcome == "ack"
         assert seen == [1]  # this delivery, while its handler ran
         assert writers() == 0
+    finally:
+        wrapped.close()
+        store.close()
+
+
+def test_a_worker_that_hears_of_receipts_tells_its_store_how_many_wait_for_a_thread(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """``run()``'s scheduler reports each message as received (``wrapped.received``): the
+    store then knows how many callbacks are about to start; a plain ``subscribe`` does not."""
+    store = BatchingFirestoreJobStore(firestore_client, firestore_collection)
+    wrapped = pubsub_worker.exactly_once(
+        lambda message, job: None,
+        settings=pubsub_worker.Settings(subscription=SUB, key_attribute="op"),
+        store=store,
+        publisher=FakePublisher().publish,
+    )
+    wrapped.start(check_subscription=False)
+    try:
+        arriving = store.batcher.slots.arriving
+        assert arriving is not None
+        assert arriving() is None  # no receipt reported yet: it cannot tell
+        first, second = FakeMessage(op="one"), FakeMessage(op="two")
+        wrapped.received(first)
+        wrapped.received(second)
+        assert arriving() == 2
+        wrapped(first)
+        assert first.outcome == "ack"
+        assert arriving() == 1
+        wrapped(second)
+        assert arriving() == 0
     finally:
         wrapped.close()
         store.close()

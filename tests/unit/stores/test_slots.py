@@ -72,6 +72,25 @@ def test_with_every_job_s_write_out_a_batch_waits_a_glance_at_most() -> None:
     assert _claim_held(alone, queued_at=1.0, now=1.0006, writing=1) is None
 
 
+@pytest.mark.parametrize(("waiting", "glance"), [(None, True), (2, True), (0, False)])
+def test_the_glance_is_waited_unless_the_worker_knows_no_callback_is_about_to_start(
+    waiting: int | None, glance: bool
+) -> None:
+    """``arriving``: messages received and waiting for a thread (``run()`` tells; None:
+    the worker cannot tell). None waiting: a lone claim goes at once."""
+    alone = _slow(_slots(writers=1))
+    alone.arriving = lambda: waiting
+    held = _claim_held(alone, queued_at=1.0, now=1.0, writing=1)
+    assert held == (pytest.approx(0.0005) if glance else None)
+
+
+def test_a_job_without_a_write_out_holds_a_batch_whatever_is_arriving() -> None:
+    """The glance is for callbacks not yet started; a job in flight may still bring a write."""
+    slots = _slow(_slots(writers=3))
+    slots.arriving = lambda: 0
+    assert _claim_held(slots, queued_at=1.0, now=1.0005, writing=1) == pytest.approx(0.0015)
+
+
 def test_a_batch_of_later_writes_only_waits_no_glance() -> None:
     """Completions: a callback about to start would bring a claim, which gains nothing."""
     alone = _slow(_slots(writers=1))
