@@ -27,7 +27,9 @@ default flow control admits 1,000 messages for its 10 threads.
 the writes' own cost when callbacks run side by side (group commit, a
 thread's wait for its write, the batch's RPC), without Pub/Sub's. Beside
 CPU it reports the threads' context switches per message (each a wake-up:
-``benchmarks/threads.py``) and the ``BatchWrite`` RPCs per message.
+``benchmarks/threads.py``) and the ``BatchWrite`` RPCs per message, and the
+wrapper's CPU and switches by thread role (its callback threads, the batch
+writers, gRPC's threads, the rest).
 
 ``--evict MB`` empties the CPU's caches before each message (it copies a
 buffer of ``MB`` megabytes; 64 is past this machine's 32 MB last-level
@@ -56,10 +58,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -67,7 +69,7 @@ import pubsub_worker
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import JobStore
 
-from .threads import thread_switches
+from .threads import ROLES, thread_cpu_s, thread_switches
 
 __all__ = ["Threaded", "firestore_client", "main", "run_once", "run_threaded"]
 
@@ -247,6 +249,11 @@ class Threaded:
     """Context switches of the process's threads (voluntary and not), per message."""
     rpcs: float
     """``BatchWrite`` RPCs per message (0 without Firestore)."""
+    cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
+    """CPU ms per message of the process's threads by role (:data:`benchmarks.threads.ROLES`:
+    the callback threads, the batch writers, gRPC's...); {} off Linux."""
+    switches_by_role: dict[str, float] = field(default_factory=dict)
+    """Context switches per message by the same roles; {} off Linux."""
 
 
 @contextmanager
@@ -308,10 +315,10 @@ def run_threaded(
             finally:
                 slots.release()
 
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-callback")
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="bench")  # role: callbacks
         try:
             list(pool.map(lambda _: None, range(threads)))  # the threads started, not timed
-            switched = sum(thread_switches().values())
+            switches_before, cpu_before = thread_switches(), thread_cpu_s()
             started = time.process_time()
             for message in batch:
                 slots.acquire()
@@ -319,7 +326,8 @@ def run_threaded(
             if not answerer.done.wait(120):
                 raise AssertionError("not every ack was answered")
             spent = time.process_time() - started
-            switched = sum(thread_switches().values()) - switched
+            switches_by_role = _per_message(switches_before, thread_switches(), messages, 1)
+            cpu_by_role = _per_message(cpu_before, thread_cpu_s(), messages, 1000)
         finally:
             pool.shutdown()
             answerer.close()
@@ -328,7 +336,20 @@ def run_threaded(
         rpcs = store.batcher.batches / messages if store is not None else 0.0
     if not all(message.acked for message in batch):
         raise AssertionError("a message was not acked")
-    return Threaded(spent / messages * 1000, switched / messages, rpcs)
+    return Threaded(
+        spent / messages * 1000,
+        sum(switches_by_role.values()),
+        rpcs,
+        cpu_by_role,
+        switches_by_role,
+    )
+
+
+def _per_message(
+    before: Mapping[str, float], after: Mapping[str, float], messages: int, scale: float
+) -> dict[str, float]:
+    """Each role's growth between two readings, per message, times ``scale``."""
+    return {role: (after[role] - before.get(role, 0.0)) / messages * scale for role in after}
 
 
 def _side_by_side(
@@ -368,7 +389,22 @@ def _side_by_side(
             else ""
         )
     )
+    by_role = _by_role(wrapped)
+    if by_role:
+        print(f"the wrapper by thread, CPU ms / context switches per message: {by_role}")
     return 0
+
+
+def _by_role(runs: list[Threaded]) -> str:
+    """Each role's CPU and switches per message, medians over ``runs``, where a thread of it
+    ran ("" off Linux)."""
+    shown = []
+    for role in ROLES:
+        cpu = statistics.median(run.cpu_ms_by_role.get(role, 0.0) for run in runs)
+        switches = statistics.median(run.switches_by_role.get(role, 0.0) for run in runs)
+        if cpu >= 0.0005 or switches >= 0.05:
+            shown.append(f"{role} {cpu:.3f} / {switches:.1f}")
+    return ", ".join(shown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,14 @@ def test_the_in_memory_store_sends_no_rpc_and_switches_are_counted() -> None:
     assert run.switches >= 0
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are read from /proc")
+def test_cpu_and_switches_are_told_by_thread_role_the_callbacks_their_own() -> None:
+    run = run_threaded(200, 2, wrapped=True)
+    assert run.cpu_ms_by_role["callbacks"] > 0  # the lab's pool is the callback threads
+    assert run.cpu_ms_by_role["writers"] == 0  # the in-memory store has no batch writers
+    assert run.switches == pytest.approx(sum(run.switches_by_role.values()))
+
+
 def test_more_in_flight_than_threads_acks_every_message() -> None:
     # the pool's queue holds what the threads have not taken yet, as at the client's defaults
     assert run_threaded(60, 2, wrapped=True, in_flight=20).cpu_ms > 0
@@ -44,6 +52,8 @@ def test_side_by_side_prints_both_and_the_wrapper_s_own(capsys: pytest.CaptureFi
     assert out.startswith("2 callback thread(s), 40 messages, medians of 1: stock ")
     assert "wrapped " in out
     assert "the wrapper's own " in out
+    if Path("/proc/self/task").is_dir():
+        assert "the wrapper by thread, CPU ms / context switches per message: callbacks " in out
 
 
 def test_it_runs_as_a_module() -> None:
