@@ -245,8 +245,6 @@ class Threaded:
     """One threaded run's figures, per message."""
 
     cpu_ms: float
-    switches: float
-    """Context switches of the process's threads (voluntary and not), per message."""
     rpcs: float
     """``BatchWrite`` RPCs per message (0 without Firestore)."""
     cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
@@ -254,6 +252,11 @@ class Threaded:
     the callback threads, the batch writers, gRPC's...); {} off Linux."""
     switches_by_role: dict[str, float] = field(default_factory=dict)
     """Context switches per message by the same roles; {} off Linux."""
+
+    @property
+    def switches(self) -> float:
+        """Context switches of the process's threads (voluntary and not), per message."""
+        return sum(self.switches_by_role.values())
 
 
 @contextmanager
@@ -336,13 +339,7 @@ def run_threaded(
         rpcs = store.batcher.batches / messages if store is not None else 0.0
     if not all(message.acked for message in batch):
         raise AssertionError("a message was not acked")
-    return Threaded(
-        spent / messages * 1000,
-        sum(switches_by_role.values()),
-        rpcs,
-        cpu_by_role,
-        switches_by_role,
-    )
+    return Threaded(spent / messages * 1000, rpcs, cpu_by_role, switches_by_role)
 
 
 def _per_message(
