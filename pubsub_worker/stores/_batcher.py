@@ -14,16 +14,14 @@ flusher). A caller waits for its write (:meth:`WriteBatcher.submit`), or hands o
 a continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
 :mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
 
-Long round trips are not left to add up (:class:`~._slots.Slots` has the
-rules): a write waits ``slow_after_s`` (5 ms) for a slot at most, not a
-whole round trip; and while round trips are long and no batch flies, a
-batch is held open up to ``gather_s`` (2 ms) for the writes of the
-worker's other jobs, so the jobs of one pull response claim, and complete,
-in one RPC. A batch never holds two writes to one document (they could
-apply in either order), nor is a document in two batches in flight. Each
-write's outcome is its own (``BatchWrite`` is not atomic); settling an
-unknown one is the store's part (:mod:`pubsub_worker.stores.batching`); the
-raw RPC is :mod:`pubsub_worker.stores._batch_rpc`.
+Long round trips are not left to add up (:class:`~._slots.Slots` has the rules): a
+write waits 1 ms for a slot, not a whole round trip, and while no batch flies one is
+held open up to ``gather_s`` (2 ms) for the writes of the worker's other jobs: the
+jobs of one pull response share an RPC. A batch never holds two writes to one
+document (they could apply in either order), nor is a document in two batches in
+flight. Each write's outcome is its own (``BatchWrite`` is not atomic); settling an
+unknown one is the store's part (:mod:`pubsub_worker.stores.batching`); the raw RPC
+is :mod:`pubsub_worker.stores._batch_rpc`.
 """
 
 from __future__ import annotations
@@ -62,15 +60,14 @@ IDLE_EXIT_S = 10.0
 class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
-    Its :attr:`slots` say when a batch may go (``max_in_flight``,
-    ``slow_in_flight``, ``slow_after_s``, ``gather_s``; the worker sets
-    ``slots.writers``). A write that finds a slot free is sent by its own
-    thread; the others by up to ``slow_in_flight`` flusher threads (started
-    when a write has to wait, ended once idle for ``idle_exit_s``);
-    ``rpc_timeout_s`` bounds each RPC. A batch holds at most ``max_batch``
-    writes and ``max_batch_bytes`` of serialized request (1 to
-    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`); a single
-    larger write goes alone (Firestore refuses it, and only it).
+    Its :attr:`slots` say when a batch may go (``max_in_flight``, ``slow_in_flight``,
+    ``slow_after_s``, ``long_wait_s``, ``gather_s``; the worker sets ``slots.writers``).
+    A write that finds a slot free is sent by its own thread; the others by up to
+    ``slow_in_flight`` flusher threads (started when a write has to wait, ended once
+    idle for ``idle_exit_s``); ``rpc_timeout_s`` bounds each RPC. A batch holds at most
+    ``max_batch`` writes and ``max_batch_bytes`` of serialized request (1 to
+    :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`); a single larger write
+    goes alone (Firestore refuses it, and only it).
     """
 
     def __init__(
@@ -82,6 +79,7 @@ class WriteBatcher:
         max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
+        long_wait_s: float = 0.001,
         gather_s: float = 0.002,
         linger_s: float = 0.0,
         max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
@@ -95,6 +93,7 @@ class WriteBatcher:
             max_in_flight=max_in_flight,
             slow_in_flight=slow_in_flight,
             slow_after_s=slow_after_s,
+            long_wait_s=long_wait_s,
             gather_s=gather_s,
         )
         self._call, self._metadata = batch_write_call(client)

@@ -8,8 +8,9 @@ writes of other jobs. It keeps no lock of its own: the batcher's
 Long round trips are not left to add up. A write need not wait a whole
 one for a slot: once the youngest batch in flight has been out
 ``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
-in all. And while round trips are long (their moving average at least
-``slow_after_s``) and no batch is in flight, a batch is held open up to
+in all; while round trips are long (their moving average at least
+``slow_after_s``), once it has been out ``long_wait_s`` (1 ms). And while
+round trips are long and no batch is in flight, a batch is held open up to
 ``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
 set by the worker) has no write out yet; a batch with a claim that finds
 none waits a glance (a quarter of that) for a callback about to start,
@@ -36,10 +37,11 @@ _GLANCE = 0.25
 class Slots:
     """Batches in flight, at most ``max_in_flight``, up to ``slow_in_flight`` while slow.
 
-    ``gather_s``: while round trips are long (their moving average at least
-    ``slow_after_s``) and no batch is in flight, a batch is held open up to
-    this long for the writes of the other jobs :attr:`writers` counts (0:
-    never; :meth:`hold_for`).
+    ``long_wait_s``: while round trips are long (their moving average at least
+    ``slow_after_s``), the wait for a slow slot (:meth:`slow_opens_in`).
+    ``gather_s``: while round trips are long and no batch is in flight, a
+    batch is held open up to this long for the writes of the other jobs
+    :attr:`writers` counts (0: never; :meth:`hold_for`).
     """
 
     def __init__(
@@ -49,17 +51,21 @@ class Slots:
         slow_in_flight: int,
         slow_after_s: float,
         gather_s: float,
+        long_wait_s: float = 0.001,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         if slow_after_s <= 0:
             raise ValueError("slow_after_s must be above 0")
+        if long_wait_s <= 0:
+            raise ValueError("long_wait_s must be above 0")
         if gather_s < 0:
             raise ValueError("gather_s must be 0 or more")
         self._max_in_flight = max_in_flight
         self.most = max(slow_in_flight, max_in_flight)
         """The most batches in flight at once (and the most flushers)."""
         self._slow_after_s = slow_after_s
+        self._long_wait_s = long_wait_s
         self._gather_s = gather_s
         self.sending = 0
         """Batches in flight."""
@@ -94,12 +100,14 @@ class Slots:
         """Seconds until a slow slot opens (0.0: open now); None: none will, as things are.
 
         Past ``max_in_flight``, another batch may go once the youngest batch in
-        flight has been out ``slow_after_s``: with long round trips a write
-        waits that long for a slot, not a whole round trip.
+        flight has been out ``slow_after_s``, or ``long_wait_s`` while round
+        trips are long: a write waits that long for a slot, not a whole round
+        trip. On loopback a batch is mostly answered before either.
         """
         if not self._max_in_flight <= self.sending < self.most:
             return None
-        return max(self._last_sent + self._slow_after_s - now, 0.0)
+        wait = self._long_wait_s if self.round_trip_s >= self._slow_after_s else self._slow_after_s
+        return max(self._last_sent + wait - now, 0.0)
 
     def hold_for(self, queued_at: float, now: float, *, writing: int, claims: bool) -> float | None:
         """Seconds to hold open a batch whose oldest write was queued at ``queued_at``.

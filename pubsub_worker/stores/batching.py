@@ -57,7 +57,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
     The store ``exactly_once`` builds by default. Same documents, same
     semantics, one write at a time as seen by each caller; ``get`` and
     ``transact`` are the parent's. ``max_batch``, ``max_in_flight``,
-    ``slow_in_flight``, ``slow_after_s``, ``gather_s``, ``linger_s`` and
+    ``slow_in_flight``, ``slow_after_s``, ``long_wait_s``, ``gather_s``, ``linger_s`` and
     ``max_batch_bytes`` tune the :class:`WriteBatcher`;
     the defaults are the ones that measured best (``docs/benchmarks.md``).
     """
@@ -73,6 +73,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         max_in_flight: int = 1,
         slow_in_flight: int = 4,
         slow_after_s: float = 0.005,
+        long_wait_s: float = 0.001,
         gather_s: float = 0.002,
         linger_s: float = 0.0,
         max_batch_bytes: int = MAX_BATCH_WRITE_BYTES,
@@ -89,6 +90,7 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
             max_in_flight=max_in_flight,
             slow_in_flight=slow_in_flight,
             slow_after_s=slow_after_s,
+            long_wait_s=long_wait_s,
             gather_s=gather_s,
             linger_s=linger_s,
             max_batch_bytes=max_batch_bytes,

@@ -484,6 +484,40 @@ def test_a_slow_batch_in_flight_opens_one_more_slot_after_slow_after_s_up_to_slo
         store.close()
 
 
+def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """While the batches' round trips average ``slow_after_s`` or more, a write waits
+    ``long_wait_s`` for a slot, not ``slow_after_s``."""
+    store = BatchingFirestoreJobStore(
+        firestore_client,
+        firestore_collection,
+        max_in_flight=1,
+        slow_in_flight=2,
+        slow_after_s=1.0,
+        long_wait_s=0.2,
+    )
+    slots = store.batcher.slots
+    slots.take(time.monotonic())
+    slots.give_back(2.0)  # one batch answered in 2 s: round trips are long
+    held = _HeldSends(store.batcher)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(store.create, "l0", {"epoch": 1})]
+            held.wait_for(1)
+            futures.append(pool.submit(store.create, "l1", {"epoch": 1}))
+            held.wait_for(2, timeout_s=0.9)  # before slow_after_s would have opened it
+            assert held.sent_at[1] - held.sent_at[0] >= 0.2
+            held.release.set()
+            for future in futures:
+                future.result(timeout=20)
+        assert store.get("l0") is not None
+        assert store.get("l1") is not None
+    finally:
+        held.release.set()
+        store.close()
+
+
 def test_writes_waiting_for_a_slow_slot_wake_one_flusher_and_no_more(
     firestore_client: Any, firestore_collection: str
 ) -> None:

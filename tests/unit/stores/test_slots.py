@@ -44,6 +44,22 @@ def test_a_slot_is_free_until_max_in_flight_then_a_slow_one_opens_after_slow_aft
     assert slots.slow_opens_in(20.0) == 0.0
 
 
+def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s() -> None:
+    """At 10 ms round trips a write waits 1 ms for a slot, not 5; back on loopback, 5 again."""
+    slots = _slow(_slots())  # the round trips average 10 ms: long
+    slots.take(10.0)
+    assert slots.slow_opens_in(10.0004) == pytest.approx(0.0006)
+    assert not slots.free(10.0009)
+    assert slots.free(10.001)
+    slots.take(10.001)
+    assert slots.slow_opens_in(10.0015) == pytest.approx(0.0005)  # from the youngest batch
+    for _ in range(20):  # answered in 1 ms: the average falls under slow_after_s
+        slots.take(10.001)
+        slots.give_back(0.001)
+    assert slots.round_trip_s < 0.005
+    assert slots.slow_opens_in(10.002) == pytest.approx(0.004)
+
+
 def test_the_round_trip_is_a_moving_average_of_the_answered_batches() -> None:
     slots = _slots()
     assert slots.round_trip_s == 0.0
@@ -132,6 +148,7 @@ def test_a_batch_goes_at_once(
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"slow_after_s": 0.0}, "slow_after_s"),
         ({"gather_s": -0.001}, "gather_s"),
+        ({"long_wait_s": 0.0}, "long_wait_s"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, float], message: str) -> None:
@@ -140,6 +157,7 @@ def test_bad_options_are_refused(options: dict[str, float], message: str) -> Non
         "slow_in_flight": 3,
         "slow_after_s": 0.005,
         "gather_s": 0.002,
+        "long_wait_s": 0.001,
         **options,
     }
     with pytest.raises(ValueError, match=message):
@@ -148,4 +166,5 @@ def test_bad_options_are_refused(options: dict[str, float], message: str) -> Non
             slow_in_flight=int(given["slow_in_flight"]),
             slow_after_s=given["slow_after_s"],
             gather_s=given["gather_s"],
+            long_wait_s=given["long_wait_s"],
         )
