@@ -9,8 +9,9 @@ Long round trips are not left to add up. A write need not wait a whole
 one for a slot: once the youngest batch in flight has been out
 ``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
 in all; while round trips are long (their moving average at least
-``slow_after_s``), once it has been out ``long_wait_s`` (1 ms). And while
-round trips are long and no batch is in flight, a batch is held open up to
+``slow_after_s``, and the latest too), once it has been out ``long_wait_s``
+(1 ms). And while round trips are long (their moving average) and no batch
+is in flight, a batch is held open up to
 ``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
 set by the worker) has no write out yet; a batch with a claim that finds
 none waits a glance (a quarter of that) for a callback about to start,
@@ -37,8 +38,8 @@ _GLANCE = 0.25
 class Slots:
     """Batches in flight, at most ``max_in_flight``, up to ``slow_in_flight`` while slow.
 
-    ``long_wait_s``: while round trips are long (their moving average at least
-    ``slow_after_s``), the wait for a slow slot (:meth:`slow_opens_in`).
+    ``long_wait_s``: while round trips are long (their moving average and the
+    latest at least ``slow_after_s``), the wait for a slow slot (:meth:`slow_opens_in`).
     ``gather_s``: while round trips are long and no batch is in flight, a
     batch is held open up to this long for the writes of the other jobs
     :attr:`writers` counts (0: never; :meth:`hold_for`).
@@ -72,6 +73,7 @@ class Slots:
         self._last_sent = 0.0  # monotonic time the youngest batch in flight was sent
         self.round_trip_s = 0.0
         """Moving average of the batches' round trips, seconds (0 before the first)."""
+        self._latest_s = 0.0  # the latest answered batch's round trip
         self.writers: Callable[[], int] | None = None
         """Jobs in flight in the worker (set by it); None: unknown, nothing is held open."""
         self.arriving: Callable[[], int | None] | None = None
@@ -87,6 +89,7 @@ class Slots:
         """A batch is done; ``round_trip_s``: how long it took, when it was answered."""
         self.sending -= 1
         if round_trip_s is not None:
+            self._latest_s = round_trip_s
             average = self.round_trip_s
             self.round_trip_s = (
                 round_trip_s if not average else average + _WEIGHT * (round_trip_s - average)
@@ -101,13 +104,16 @@ class Slots:
 
         Past ``max_in_flight``, another batch may go once the youngest batch in
         flight has been out ``slow_after_s``, or ``long_wait_s`` while round
-        trips are long: a write waits that long for a slot, not a whole round
-        trip. On loopback a batch is mostly answered before either.
+        trips are long (their moving average and the latest at least
+        ``slow_after_s``): a write waits that long for a slot, not a whole round
+        trip. On loopback a batch is mostly answered before either, and one slow
+        answer (an emulator's pause) lifts the average but not the latest.
         """
         if not self._max_in_flight <= self.sending < self.most:
             return None
-        wait = self._long_wait_s if self.round_trip_s >= self._slow_after_s else self._slow_after_s
-        return max(self._last_sent + wait - now, 0.0)
+        slow = self._slow_after_s
+        long = self.round_trip_s >= slow and self._latest_s >= slow
+        return max(self._last_sent + (self._long_wait_s if long else slow) - now, 0.0)
 
     def hold_for(self, queued_at: float, now: float, *, writing: int, claims: bool) -> float | None:
         """Seconds to hold open a batch whose oldest write was queued at ``queued_at``.

@@ -60,6 +60,21 @@ def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s() -> Non
     assert slots.slow_opens_in(10.002) == pytest.approx(0.004)
 
 
+def test_one_slow_answer_among_short_ones_opens_no_slot_early() -> None:
+    """On loopback an emulator's pause lifts the average over ``slow_after_s``; the
+    answers after it are short again, and a write waits ``slow_after_s`` for a slot."""
+    slots = _slots()
+    for round_trip_s in (0.001, 0.030):
+        slots.take(0.0)
+        slots.give_back(round_trip_s)
+    slots.take(10.0)
+    assert slots.slow_opens_in(10.0) == pytest.approx(0.001)  # the latest was long as well
+    slots.give_back(0.001)
+    assert slots.round_trip_s >= 0.005  # the average still long, the latest short
+    slots.take(10.0)
+    assert slots.slow_opens_in(10.0) == pytest.approx(0.005)
+
+
 def test_the_round_trip_is_a_moving_average_of_the_answered_batches() -> None:
     slots = _slots()
     assert slots.round_trip_s == 0.0
