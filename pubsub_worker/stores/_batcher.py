@@ -1,17 +1,16 @@
 """The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
 
-:class:`WriteBatcher` queues raw ``Write`` protobufs, each serialized once as it
-is queued, and sends them together in one ``BatchWrite`` RPC (group commit), at
-most ``max_in_flight`` batches at a time (one by default). A write that finds a
-batch slot free is sent at once by the thread that brings it, with whatever else
-is queued (at most ``max_batch`` writes and ``max_batch_bytes`` of serialized
-request, 4 MB by default: a request refused for its size, over 10 MiB in
-production or 4 MiB on the emulator, fails every write in it); writes that
-arrive while every slot is busy wait for a flusher, which sends them in one
-batch as a slot frees. At low load a batch holds one write and nothing waits for
-a timer or another thread (``linger_s`` holds each batch open longer, on a
-flusher). A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on
-a continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
+:class:`WriteBatcher` queues raw ``Write`` protobufs, each serialized once as it is
+queued, and sends them together in one ``BatchWrite`` RPC (group commit), at most
+``max_in_flight`` batches at a time (one by default). A write that finds a batch slot
+free is sent at once by the thread that brings it, with whatever else is queued (at most
+``max_batch`` writes and ``max_batch_bytes`` of serialized request, 4 MB by default: a
+request refused for its size, over 10 MiB in production or 4 MiB on the emulator, fails
+every write in it); writes that arrive while every slot is busy wait for a flusher,
+which sends them in one batch as a slot frees. At low load a batch holds one write and
+nothing waits for a timer or another thread (``linger_s`` holds each batch open longer,
+on a flusher). A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on a
+continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
 :mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
 
 Long round trips are not left to add up (:class:`~._slots.Slots` has the rules): a
@@ -61,10 +60,10 @@ class WriteBatcher:
     """Sends queued single-document writes in shared ``BatchWrite`` RPCs. Thread-safe.
 
     Its :attr:`slots` say when a batch may go (``max_in_flight``, ``slow_in_flight``,
-    ``slow_after_s``, ``long_wait_s``, ``gather_s``; the worker sets ``slots.writers``).
-    A write that finds a slot free is sent by its own thread; the others by up to
-    ``slow_in_flight`` flusher threads (started when a write has to wait, ended once
-    idle for ``idle_exit_s``); ``rpc_timeout_s`` bounds each RPC. A batch holds at most
+    ``slow_after_s``, ``long_wait_s``, ``gather_s``; the worker sets ``slots.writers``). A
+    write that finds a slot free is sent by its own thread; the others by up to
+    ``slow_in_flight`` flusher threads (started when a write has to wait, ended once idle
+    for ``idle_exit_s``); ``rpc_timeout_s`` bounds each RPC. A batch holds at most
     ``max_batch`` writes and ``max_batch_bytes`` of serialized request (1 to
     :data:`~pubsub_worker._support.limits.MAX_BATCH_WRITE_BYTES`); a single larger write
     goes alone (Firestore refuses it, and only it).
@@ -190,8 +189,6 @@ class WriteBatcher:
             if thread is not threading.current_thread():
                 thread.join(timeout=self._rpc_timeout_s + 5.0)
 
-    # -- flushers ---------------------------------------------------------------------
-
     def _start_flushers(self) -> None:
         while len(self._threads) < self.slots.most:
             self._started += 1
@@ -206,9 +203,9 @@ class WriteBatcher:
     def _run(self, batch: list[QueuedWrite], *, flusher: bool = False) -> None:
         """Send a popped batch, settle every write in it, free its slot, then carry on.
 
-        The continued writes' continuations run last, once the slot is free
-        (one may queue a write, or hand it on). A flusher takes the next batch
-        itself (:meth:`_flush_forever` loops): it wakes no other for it.
+        The continued writes' continuations run last, once the slot is free (one may queue a write,
+        or hand it on). A flusher takes the next batch itself (:meth:`_flush_forever` loops): it
+        wakes no other for it.
         """
         round_trip_s: float | None = None
         started = time.monotonic()
@@ -351,13 +348,13 @@ class WriteBatcher:
 
     def _ready(self) -> bool:
         """A batch slot is free and some queued write's document is not in flight."""
-        if not self.slots.free(time.monotonic()):
+        if not self.slots.free(time.monotonic(), self._writing()):
             return False
         return any(w.doc_path not in self._busy_docs for w in self._queue)
 
     def _slow_opens_in(self) -> float | None:
         """Seconds until a slow slot opens for the queued writes (:meth:`Slots.slow_opens_in`)."""
-        return self.slots.slow_opens_in(time.monotonic()) if self._queue else None
+        return self.slots.slow_opens_in(time.monotonic(), self._writing()) if self._queue else None
 
     def _hold_for(self, now: float) -> float | None:
         """Seconds to hold the next batch open for other jobs' writes; None: send it now."""
@@ -365,10 +362,13 @@ class WriteBatcher:
             return None
         if self._queued_bytes >= self._write_budget:
             return None
-        writing = len(self._queue) + len(self._busy_docs)  # a write each, queued or in flight
         return self.slots.hold_for(
-            self._queue[0].queued_at, now, writing=writing, claims=self._queued_creates > 0
+            self._queue[0].queued_at, now, writing=self._writing(), claims=self._queued_creates > 0
         )
+
+    def _writing(self) -> int:
+        """Jobs with a write queued or in flight (a batch holds one write per job)."""
+        return len(self._queue) + len(self._busy_docs)
 
     def _send(self, batch: list[QueuedWrite]) -> None:
         self.batches += 1

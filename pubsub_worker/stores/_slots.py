@@ -5,21 +5,21 @@ go now, when a slow slot opens, and how long a batch is held open for the
 writes of other jobs. It keeps no lock of its own: the batcher's
 (:mod:`pubsub_worker.stores._batcher`) guards it.
 
-Long round trips are not left to add up. A write need not wait a whole
-one for a slot: once the youngest batch in flight has been out
-``slow_after_s`` (5 ms), one more batch may go, up to ``slow_in_flight`` (4)
-in all; while round trips are long (their moving average at least
-``slow_after_s``, and the latest too), once it has been out ``long_wait_s``
-(1 ms). And while round trips are long (their moving average) and no batch
-is in flight, a batch is held open up to
-``gather_s`` (2 ms) while some job in flight in the worker (``writers``,
-set by the worker) has no write out yet; a batch with a claim that finds
-none waits a glance (a quarter of that) for a callback about to start,
-unless the worker knows none is (``arriving``: under ``run()``, whose
-scheduler reports each message as it is received, none waits for a thread). The
-jobs of one pull response then claim, and complete, in one RPC, so their
-acks reach the client's dispatcher together instead of each behind the
-other's round trip. On loopback an RPC is answered sooner: the slow slots
+Long round trips are not left to add up. A write need not wait a whole one for a
+slot: once the youngest batch in flight has been out ``slow_after_s`` (5 ms),
+one more batch may go, up to ``slow_in_flight`` (4) in all; while round trips
+are long (their moving average at least ``slow_after_s``, and the latest too),
+once it has been out ``long_wait_s`` (1 ms), unless a job in flight has no write
+out yet and may add one to the batch (then the batch waits for it, as under a
+backlog). And while round trips are long (their moving average) and no batch is
+in flight, a batch is held open up to ``gather_s`` (2 ms) while some job in
+flight in the worker (``writers``, set by the worker) has no write out yet; a
+batch with a claim that finds none waits a glance (a quarter of that) for a
+callback about to start, unless the worker knows none is (``arriving``: under
+``run()``, whose scheduler reports each message as it is received, none waits
+for a thread). The jobs of one pull response then claim, and complete, in one
+RPC, so their acks reach the client's dispatcher together instead of each behind
+the other's round trip. On loopback an RPC is answered sooner: the slow slots
 mostly stay shut and nothing is held open.
 """
 
@@ -95,11 +95,12 @@ class Slots:
                 round_trip_s if not average else average + _WEIGHT * (round_trip_s - average)
             )
 
-    def free(self, now: float) -> bool:
-        """A batch may go now: a slot is free, or a slow one open."""
-        return self.sending < self._max_in_flight or self.slow_opens_in(now) == 0.0
+    def free(self, now: float, writing: int | None = None) -> bool:
+        """A batch may go now: a slot is free, or a slow one open (``writing``: as for
+        :meth:`slow_opens_in`)."""
+        return self.sending < self._max_in_flight or self.slow_opens_in(now, writing) == 0.0
 
-    def slow_opens_in(self, now: float) -> float | None:
+    def slow_opens_in(self, now: float, writing: int | None = None) -> float | None:
         """Seconds until a slow slot opens (0.0: open now); None: none will, as things are.
 
         Past ``max_in_flight``, another batch may go once the youngest batch in
@@ -107,12 +108,18 @@ class Slots:
         trips are long (their moving average and the latest at least
         ``slow_after_s``): a write waits that long for a slot, not a whole round
         trip. On loopback a batch is mostly answered before either, and one slow
-        answer (an emulator's pause) lifts the average but not the latest.
+        answer (an emulator's pause) lifts the average but not the latest. Not
+        ``long_wait_s`` while some job in flight (:attr:`writers`) has no write
+        queued or in flight (``writing`` jobs have one): it may add one to the
+        batch, which then waits ``slow_after_s`` for it; under a backlog the
+        writes keep gathering as many per batch. None: unknown, not waited for.
         """
         if not self._max_in_flight <= self.sending < self.most:
             return None
         slow = self._slow_after_s
         long = self.round_trip_s >= slow and self._latest_s >= slow
+        if long and writing is not None and self.writers is not None:
+            long = self.writers() <= writing  # no job in flight left to add a write
         return max(self._last_sent + (self._long_wait_s if long else slow) - now, 0.0)
 
     def hold_for(self, queued_at: float, now: float, *, writing: int, claims: bool) -> float | None:

@@ -518,6 +518,40 @@ def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s(
         store.close()
 
 
+def test_at_long_round_trips_a_write_waits_slow_after_s_while_a_job_may_add_one(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """A job in flight without a write out may add one to the waiting batch: the slow
+    slot opens after ``slow_after_s`` then, not ``long_wait_s``, as under a backlog."""
+    store = BatchingFirestoreJobStore(
+        firestore_client,
+        firestore_collection,
+        max_in_flight=1,
+        slow_in_flight=2,
+        slow_after_s=0.6,
+        long_wait_s=0.1,
+    )
+    slots = store.batcher.slots
+    slots.take(time.monotonic())
+    slots.give_back(2.0)  # round trips are long
+    slots.writers = lambda: 3  # three jobs in flight: the third has no write out
+    held = _HeldSends(store.batcher)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(store.create, "m0", {"epoch": 1})]
+            held.wait_for(1)
+            futures.append(pool.submit(store.create, "m1", {"epoch": 1}))
+            held.wait_for(2)
+            assert held.sent_at[1] - held.sent_at[0] >= 0.6
+            held.release.set()
+            for future in futures:
+                future.result(timeout=20)
+        assert store.get("m1") is not None
+    finally:
+        held.release.set()
+        store.close()
+
+
 def test_writes_waiting_for_a_slow_slot_wake_one_flusher_and_no_more(
     firestore_client: Any, firestore_collection: str
 ) -> None:

@@ -60,6 +60,19 @@ def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s() -> Non
     assert slots.slow_opens_in(10.002) == pytest.approx(0.004)
 
 
+def test_at_long_round_trips_a_slot_waits_for_a_job_that_may_add_a_write() -> None:
+    """Three jobs in flight: while one has no write out, a slow slot opens after
+    ``slow_after_s`` (a backlog keeps batching); once each has one, after ``long_wait_s``."""
+    slots = _slow(_slots(writers=3))
+    slots.take(10.0)
+    assert slots.slow_opens_in(10.0, 2) == pytest.approx(0.005)
+    assert not slots.free(10.002, 2)
+    assert slots.slow_opens_in(10.0, 3) == pytest.approx(0.001)
+    assert slots.free(10.001, 3)
+    slots.writers = None  # no worker said: nobody is waited for
+    assert slots.slow_opens_in(10.0, 2) == pytest.approx(0.001)
+
+
 def test_one_slow_answer_among_short_ones_opens_no_slot_early() -> None:
     """On loopback an emulator's pause lifts the average over ``slow_after_s``; the
     answers after it are short again, and a write waits ``slow_after_s`` for a slot."""
