@@ -14,7 +14,7 @@ continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
 :mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
 
 Long round trips are not left to add up (:class:`~._slots.Slots` has the rules): a
-write waits 1 ms for a slot, not a whole round trip, and while no batch flies one is
+write waits 1-5 ms for a slot, not a whole round trip, and while no batch flies one is
 held open up to ``gather_s`` (2 ms) for the writes of the worker's other jobs: the
 jobs of one pull response share an RPC. A batch never holds two writes to one
 document (they could apply in either order), nor is a document in two batches in

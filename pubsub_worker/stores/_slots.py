@@ -39,7 +39,8 @@ class Slots:
     """Batches in flight, at most ``max_in_flight``, up to ``slow_in_flight`` while slow.
 
     ``long_wait_s``: while round trips are long (their moving average and the
-    latest at least ``slow_after_s``), the wait for a slow slot (:meth:`slow_opens_in`).
+    latest at least ``slow_after_s``) and no job in flight may add a write, the
+    wait for a slow slot (:meth:`slow_opens_in`).
     ``gather_s``: while round trips are long and no batch is in flight, a
     batch is held open up to this long for the writes of the other jobs
     :attr:`writers` counts (0: never; :meth:`hold_for`).
