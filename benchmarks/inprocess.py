@@ -39,6 +39,13 @@ it when other busy processes share its core between one message's steps
 several times what it costs warm, and the more of it a message runs, the
 more it pays (``docs/benchmarks.md``).
 
+``--floor`` times :class:`benchmarks.floor.FloorDelivery` beside the
+library, alternately, on the same messages and store (with ``--threads``:
+on the same callback threads, and with ``--store firestore`` on its own
+batching store, each write waited for): the same writes, digests, key gate
+and ack in one function, none of the library's structure around them (what
+a delivery's work costs in Python, against what the library spends on it).
+
 ``--profile N`` prints the N functions with the most own time (``cProfile``)
 and the calls per message. Nothing here is a test or a target; the
 benchmark run (:mod:`benchmarks.run`) is where figures against the stock
@@ -63,17 +70,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import pubsub_worker
 from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import JobStore
 
+from .floor import FloorDelivery, run_floor
 from .threads import ROLES, thread_cpu_s, thread_switches
 
-__all__ = ["Threaded", "firestore_client", "main", "run_once", "run_threaded"]
+__all__ = ["Threaded", "firestore_client", "floor_once", "main", "run_once", "run_threaded"]
 
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
+
+Side = Literal["stock", "wrapped", "floor"]
+"""Whose callback a threaded run runs: the stock exactly-once callback, the wrapper, or
+:class:`benchmarks.floor.FloorDelivery`."""
 
 
 class _Manager:
@@ -290,25 +302,31 @@ def run_threaded(
     messages: int,
     threads: int,
     *,
-    wrapped: bool,
+    side: Side,
     client: Any = None,
     in_flight: int | None = None,
 ) -> Threaded:
-    """Figures per message with ``threads`` callback threads: the wrapper's or the stock's.
+    """Figures per message with ``threads`` callback threads running ``side``'s callback.
 
     At most ``in_flight`` messages (default: ``threads``) are handed over at
     once (a semaphore, as flow control; more than ``threads`` wait in the
     pool's queue, as the client's defaults admit 1,000 for 10 threads); each
     ack is answered by one other thread. ``client``: a Firestore client, for
-    the wrapper on the batching store.
+    the wrapper (or the floor) on the batching store.
     """
     answerer = _Answerer(messages)
-    stores = _firestore_store(client) if wrapped and client is not None else nullcontext(None)
-    with stores as store:
+    writes = side != "stock" and client is not None
+    with _firestore_store(client) if writes else nullcontext(None) as store:
         wrapper: Any = None
         callback: Callable[[Any], None] = _stock
-        if wrapped:
+        if side == "wrapped":
             wrapper = callback = _started_wrapper(store)
+        elif side == "floor":
+            callback = FloorDelivery(
+                MemoryJobStore() if store is None else store,
+                subscription=SUBSCRIPTION,
+                key_attribute="op",
+            )
         slots = threading.BoundedSemaphore(threads if in_flight is None else in_flight)
         batch = [_AnsweredMessage(n, answerer) for n in range(messages)]
 
@@ -350,20 +368,34 @@ def _per_message(
 
 
 def _side_by_side(
-    messages: int, threads: int, repeats: int, client: Any = None, in_flight: int | None = None
+    messages: int,
+    threads: int,
+    repeats: int,
+    client: Any = None,
+    in_flight: int | None = None,
+    *,
+    floor: bool = False,
 ) -> int:
-    """The stock callback and the wrapper in turn, ``repeats`` times each; medians."""
-    run_threaded(min(messages, 1000), threads, wrapped=True, client=client)  # warm-up
+    """The stock callback and the wrapper in turn (``floor``: and the floor), ``repeats``
+    times each; medians."""
+    run_threaded(min(messages, 1000), threads, side="wrapped", client=client)  # warm-up
     stock: list[Threaded] = []
     wrapped: list[Threaded] = []
+    floors: list[Threaded] = []
     for n in range(repeats):
-        stock.append(run_threaded(messages, threads, wrapped=False, in_flight=in_flight))
+        stock.append(run_threaded(messages, threads, side="stock", in_flight=in_flight))
         wrapped.append(
-            run_threaded(messages, threads, wrapped=True, client=client, in_flight=in_flight)
+            run_threaded(messages, threads, side="wrapped", client=client, in_flight=in_flight)
         )
+        if floor:
+            floors.append(
+                run_threaded(messages, threads, side="floor", client=client, in_flight=in_flight)
+            )
         print(
             f"[{n + 1}/{repeats}] stock {stock[-1].cpu_ms:.3f}, wrapped "
-            f"{wrapped[-1].cpu_ms:.3f} ms CPU per message",
+            f"{wrapped[-1].cpu_ms:.3f}"
+            + (f", floor {floors[-1].cpu_ms:.3f}" if floor else "")
+            + " ms CPU per message",
             file=sys.stderr,
         )
 
@@ -389,6 +421,17 @@ def _side_by_side(
     by_role = _by_role(wrapped)
     if by_role:
         print(f"the wrapper by thread, CPU ms / context switches per message: {by_role}")
+    if floors:
+        print(
+            f"the floor (the same writes, digests, key gate and ack in one function, each write "
+            f"waited for): {median(floors, lambda r: r.cpu_ms):.3f} ms CPU per message, "
+            f"{median(floors, lambda r: r.switches):.1f} context switches"
+            + (
+                f", BatchWrite RPCs {median(floors, lambda r: r.rpcs):.2f}"
+                if client is not None
+                else ""
+            )
+        )
     return 0
 
 
@@ -404,6 +447,37 @@ def _by_role(runs: list[Threaded]) -> str:
     return ", ".join(shown)
 
 
+def floor_once(messages: int) -> float:
+    """CPU seconds per message of :class:`benchmarks.floor.FloorDelivery` on the same
+    messages and store as :func:`run_once`."""
+    batch = [_Message(n) for n in range(messages)]
+    seconds = run_floor(MemoryJobStore(), batch, subscription=SUBSCRIPTION, key_attribute="op")
+    if not all(message.acked for message in batch):
+        raise AssertionError("a message was not acked")
+    return seconds
+
+
+def _against_floor(messages: int, repeats: int) -> int:
+    run_once(min(messages, 1000))  # warm-up: imports, caches
+    floor_once(min(messages, 1000))
+    library, floor = [], []
+    for n in range(repeats):
+        library.append(run_once(messages) * 1000)
+        floor.append(floor_once(messages) * 1000)
+        print(
+            f"[{n + 1}/{repeats}] library {library[-1]:.3f}, floor {floor[-1]:.3f} ms CPU "
+            "per message",
+            file=sys.stderr,
+        )
+    lib, low = statistics.median(library), statistics.median(floor)
+    print(
+        f"CPU per message, medians of {repeats} runs of {messages} messages: the library "
+        f"{lib:.3f} ms, the floor {low:.3f} ms (the same writes, digests, key gate and ack in "
+        f"one function): {lib / low:.1f}x, {lib - low:.3f} ms of structure"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.inprocess", description=__doc__)
     parser.add_argument("--messages", type=int, default=8000)
@@ -413,7 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--evict", type=int, default=0, metavar="MB")
     parser.add_argument("--store", choices=("memory", "firestore"), default="memory")
     parser.add_argument("--in-flight", type=int, default=None, metavar="N")
+    parser.add_argument("--floor", action="store_true")
     args = parser.parse_args(argv)
+    if args.floor and (args.evict or args.profile):
+        parser.error("--floor times the messages as they run: not with --evict or --profile")
     if args.evict < 0:
         parser.error(f"--evict must be >= 0 MB, got {args.evict}")
     if args.evict and args.threads:
@@ -425,9 +502,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("pubsub_worker").setLevel(logging.WARNING)
     if args.store == "firestore":
         with firestore_client() as client:
-            return _side_by_side(args.messages, args.threads, args.repeats, client, args.in_flight)
+            return _side_by_side(
+                args.messages,
+                args.threads,
+                args.repeats,
+                client,
+                args.in_flight,
+                floor=args.floor,
+            )
     if args.threads > 0:
-        return _side_by_side(args.messages, args.threads, args.repeats, None, args.in_flight)
+        return _side_by_side(
+            args.messages, args.threads, args.repeats, None, args.in_flight, floor=args.floor
+        )
+    if args.floor:
+        return _against_floor(args.messages, args.repeats)
     run_once(min(args.messages, 1000))  # warm-up: imports, caches
     figures = []
     for n in range(args.repeats):

@@ -8,35 +8,35 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.inprocess import main, run_once, run_threaded
+from benchmarks.inprocess import Side, main, run_once, run_threaded
 
 
 def test_one_thread_acks_every_message_and_reports_cpu() -> None:
     assert run_once(50) > 0
 
 
-@pytest.mark.parametrize("wrapped", [False, True])
-def test_callback_threads_ack_every_message_answered_by_another_thread(wrapped: bool) -> None:
+@pytest.mark.parametrize("side", ["stock", "wrapped", "floor"])
+def test_callback_threads_ack_every_message_answered_by_another_thread(side: Side) -> None:
     # run_threaded raises unless every message was acked and every ack answered
-    assert run_threaded(60, 3, wrapped=wrapped).cpu_ms > 0
+    assert run_threaded(60, 3, side=side).cpu_ms > 0
 
 
 def test_the_in_memory_store_sends_no_rpc_and_switches_are_counted() -> None:
-    run = run_threaded(20, 2, wrapped=True)
+    run = run_threaded(20, 2, side="wrapped")
     assert run.rpcs == 0
     assert run.switches >= 0
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are read from /proc")
 def test_cpu_and_switches_are_told_by_thread_role_the_callbacks_their_own() -> None:
-    run = run_threaded(200, 2, wrapped=True)
+    run = run_threaded(200, 2, side="wrapped")
     assert run.cpu_ms_by_role["callbacks"] > 0  # the lab's pool is the callback threads
     assert run.cpu_ms_by_role["writers"] == 0  # the in-memory store has no batch writers
 
 
 def test_more_in_flight_than_threads_acks_every_message() -> None:
     # the pool's queue holds what the threads have not taken yet, as at the client's defaults
-    assert run_threaded(60, 2, wrapped=True, in_flight=20).cpu_ms > 0
+    assert run_threaded(60, 2, side="wrapped", in_flight=20).cpu_ms > 0
 
 
 def test_the_report_names_what_is_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
