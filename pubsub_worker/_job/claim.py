@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Any
 
 from pubsub_worker._support import fences
+from pubsub_worker._support.values import quick_init
 from pubsub_worker.errors import StoreError
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import (
@@ -64,6 +65,7 @@ class ClaimKind(str, Enum):
     """The key was used for another payload: this message goes to the failure path."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class ClaimRequest:
     """Who asks to claim which job."""
@@ -81,6 +83,7 @@ class ClaimRequest:
     """The delivery's span context, stored with a new job so later deliveries link to it."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Claim:
     """The outcome of :func:`claim`."""

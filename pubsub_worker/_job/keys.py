@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pubsub_worker._attributes import REPLAY_OF_ATTRIBUTE
 from pubsub_worker._support.text import KEY_DISPLAY_BYTES, display
 from pubsub_worker._support.text import raw as _raw
+from pubsub_worker._support.values import quick_init
 from pubsub_worker.errors import InvalidMessage
 
 __all__ = [
@@ -50,6 +51,7 @@ def payload_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@quick_init
 @dataclass(frozen=True)
 class JobIdentity:
     """Who a message is, as a job: its subscription-scoped key and document id."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pubsub_worker._support.limits import MAX_DOCUMENT_BYTES
+from pubsub_worker._support.values import quick_init
 from pubsub_worker.errors import DocumentTooLarge, PermanentError
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, OutboxEntry
@@ -67,6 +68,7 @@ _SAME_AFTER_JSON = frozenset({type(None), bool, int, float, str})
 not subclasses: an ``IntEnum`` comes back an ``int``): their text need not be decoded."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class StagedStep:
     """A step's record, staged: what is left to write now, if anything."""

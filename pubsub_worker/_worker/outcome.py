@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pubsub_worker._job.claim import ClaimKind
+from pubsub_worker._support.values import quick_init
 from pubsub_worker.errors import (
     DocumentTooLarge,
     InvalidMessage,
@@ -168,6 +169,7 @@ EFFECTS: dict[Outcome, Effect] = {
 # fmt: on
 
 
+@quick_init
 @dataclass(frozen=True)
 class Happened:
     """What happened to a delivery: the phase it reached and how that phase ended."""
@@ -191,6 +193,7 @@ class Happened:
         return Happened(self.phase, error, current, self.claim, self.busy_for_s)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Decision:
     """An outcome and what it needs: why, the error to record, how long to wait."""
@@ -209,6 +212,7 @@ class Decision:
     """What ended the delivery, low cardinality (an exception class name), if not success."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Settled:
     """How a delivery was settled on Pub/Sub: its decision and, for an ack, the answer."""

@@ -68,6 +68,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from pubsub_worker._support.values import quick_init
 from pubsub_worker.errors import AlreadyExists, VersionConflict
 
 __all__ = [
@@ -238,6 +239,7 @@ class OutboxEntry:
     sent: bool
 
 
+@quick_init
 @dataclass(frozen=True)
 class JobRecord:
     """The parsed job document (or failed record); missing fields read as their defaults."""
