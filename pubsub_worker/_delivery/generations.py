@@ -169,7 +169,10 @@ class KeyGate:
     def __init__(self, tracker: DeliveryTracker, draining: threading.Event | None = None) -> None:
         self._tracker = tracker
         self._draining = draining or threading.Event()
-        self._cond = threading.Condition()  # guards _holders
+        # The lock is taken directly: a Condition's with-statement is two Python calls, and
+        # every delivery takes it twice.
+        self._lock = threading.Lock()  # guards _holders
+        self._cond = threading.Condition(self._lock)
         self._holders: dict[str, Delivery] = {}
 
     def acquire(
@@ -182,7 +185,7 @@ class KeyGate:
         message's delivery.
         """
         start = time.monotonic()
-        with self._cond:
+        with self._lock:
             while True:
                 if not self._tracker.is_current(delivery):
                     return GateAnswer.SUPERSEDED
@@ -209,7 +212,7 @@ class KeyGate:
 
     def release(self, key: str, delivery: Delivery) -> None:
         """Give ``key`` up, if ``delivery`` still holds it."""
-        with self._cond:
+        with self._lock:
             if self._holders.get(key) is delivery:
                 del self._holders[key]
                 self._cond.notify_all()
@@ -220,7 +223,7 @@ class KeyGate:
             self._cond.notify_all()
 
     def __len__(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._holders)
 
 
