@@ -31,13 +31,13 @@ from typing import Any
 
 from pubsub_worker._delivery.generations import ack_digest
 from pubsub_worker._job.keys import document_id, payload_digest
+from pubsub_worker._support.text import display
 from pubsub_worker.stores.base import JobStore, shard_of
 
 __all__ = ["FloorDelivery", "run_floor"]
 
 _LEASE = timedelta(seconds=60)
 _RETENTION = timedelta(days=30)
-_MAX_KEY_BYTES = 1500
 
 
 class FloorDelivery:
@@ -60,8 +60,8 @@ class FloorDelivery:
         if not message.exactly_once_enabled:
             raise RuntimeError("the subscription has no exactly-once delivery")
         key = message.attributes.get(self._key_attribute)
-        if not key or len(key.encode("utf-8", "surrogatepass")) > _MAX_KEY_BYTES:
-            raise ValueError("the key attribute is missing, empty or too long")
+        if not key:
+            raise ValueError("the key attribute is missing or empty")
         doc_id = document_id(self._subscription, key)
         delivery = ack_digest(message.ack_id)
         message_id = message.message_id
@@ -78,7 +78,7 @@ class FloorDelivery:
             version = self._store.create(
                 doc_id,
                 {
-                    "key": key,
+                    "key": display(key),
                     "subscription": self._subscription,
                     "shard": shard_of(doc_id),
                     "status": "running",
