@@ -484,37 +484,58 @@ def test_a_slow_batch_in_flight_opens_one_more_slot_after_slow_after_s_up_to_slo
         store.close()
 
 
+def _long_round_trips_store(
+    client: Any, collection: str, *, slow_after_s: float, long_wait_s: float
+) -> BatchingFirestoreJobStore:
+    """A store with one slot and one slow slot, whose batches' round trips are long (2 s)."""
+    store = BatchingFirestoreJobStore(
+        client,
+        collection,
+        max_in_flight=1,
+        slow_in_flight=2,
+        slow_after_s=slow_after_s,
+        long_wait_s=long_wait_s,
+    )
+    store.batcher.slots.take(time.monotonic())
+    store.batcher.slots.give_back(2.0)
+    return store
+
+
+def _second_batch_after(
+    store: BatchingFirestoreJobStore, docs: tuple[str, str], **wait: float
+) -> float:
+    """Create ``docs`` one after another, the first's batch held in flight: seconds from the
+    first batch sent to the second (``wait``: :meth:`_HeldSends.wait_for`'s timeout)."""
+    held = _HeldSends(store.batcher)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(store.create, docs[0], {"epoch": 1})]
+            held.wait_for(1)
+            futures.append(pool.submit(store.create, docs[1], {"epoch": 1}))
+            held.wait_for(2, **wait)
+            gap = held.sent_at[1] - held.sent_at[0]
+            held.release.set()
+            for future in futures:
+                future.result(timeout=20)
+        return gap
+    finally:
+        held.release.set()
+
+
 def test_while_round_trips_are_long_a_slow_slot_opens_after_long_wait_s(
     firestore_client: Any, firestore_collection: str
 ) -> None:
     """While the batches' round trips average ``slow_after_s`` or more, a write waits
     ``long_wait_s`` for a slot, not ``slow_after_s``."""
-    store = BatchingFirestoreJobStore(
-        firestore_client,
-        firestore_collection,
-        max_in_flight=1,
-        slow_in_flight=2,
-        slow_after_s=1.0,
-        long_wait_s=0.2,
+    store = _long_round_trips_store(
+        firestore_client, firestore_collection, slow_after_s=1.0, long_wait_s=0.2
     )
-    slots = store.batcher.slots
-    slots.take(time.monotonic())
-    slots.give_back(2.0)  # one batch answered in 2 s: round trips are long
-    held = _HeldSends(store.batcher)
     try:
-        with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(store.create, "l0", {"epoch": 1})]
-            held.wait_for(1)
-            futures.append(pool.submit(store.create, "l1", {"epoch": 1}))
-            held.wait_for(2, timeout_s=0.9)  # before slow_after_s would have opened it
-            assert held.sent_at[1] - held.sent_at[0] >= 0.2
-            held.release.set()
-            for future in futures:
-                future.result(timeout=20)
+        # sent before slow_after_s would have opened the slot
+        assert _second_batch_after(store, ("l0", "l1"), timeout_s=0.9) >= 0.2
         assert store.get("l0") is not None
         assert store.get("l1") is not None
     finally:
-        held.release.set()
         store.close()
 
 
@@ -523,32 +544,14 @@ def test_at_long_round_trips_a_write_waits_slow_after_s_while_a_job_may_add_one(
 ) -> None:
     """A job in flight without a write out may add one to the waiting batch: the slow
     slot opens after ``slow_after_s`` then, not ``long_wait_s``, as under a backlog."""
-    store = BatchingFirestoreJobStore(
-        firestore_client,
-        firestore_collection,
-        max_in_flight=1,
-        slow_in_flight=2,
-        slow_after_s=0.6,
-        long_wait_s=0.1,
+    store = _long_round_trips_store(
+        firestore_client, firestore_collection, slow_after_s=0.6, long_wait_s=0.1
     )
-    slots = store.batcher.slots
-    slots.take(time.monotonic())
-    slots.give_back(2.0)  # round trips are long
-    slots.writers = lambda: 3  # three jobs in flight: the third has no write out
-    held = _HeldSends(store.batcher)
+    store.batcher.slots.writers = lambda: 3  # three jobs in flight: the third has no write out
     try:
-        with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(store.create, "m0", {"epoch": 1})]
-            held.wait_for(1)
-            futures.append(pool.submit(store.create, "m1", {"epoch": 1}))
-            held.wait_for(2)
-            assert held.sent_at[1] - held.sent_at[0] >= 0.6
-            held.release.set()
-            for future in futures:
-                future.result(timeout=20)
+        assert _second_batch_after(store, ("m0", "m1")) >= 0.6
         assert store.get("m1") is not None
     finally:
-        held.release.set()
         store.close()
 
 
