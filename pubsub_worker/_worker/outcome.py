@@ -40,6 +40,7 @@ only code in the library that acks, nacks, defers or drops a Pub/Sub message.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -67,6 +68,7 @@ __all__ = [
     "Settled",
     "backoff_s",
     "decide",
+    "decided",
 ]
 
 MIN_DEFER_S = 10
@@ -237,8 +239,22 @@ def decide(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
     """The outcome of a delivery. Pure: no I/O, no clock.
 
     ``attempts`` is the job's own claim counter (0 before a claim),
-    ``max_attempts`` the ``MAX_ATTEMPTS`` setting.
+    ``max_attempts`` the ``MAX_ATTEMPTS`` setting. The two decisions of most
+    deliveries (claimed with attempts left, then the handler returned) are
+    built once, not per delivery: :func:`decided` is the whole table.
     """
+    if happened.error is None and happened.current:
+        phase = happened.phase
+        if phase is Phase.RUN:
+            return _COMPLETED
+        claimed = phase is Phase.CLAIM and happened.claim is ClaimKind.CLAIMED
+        if claimed and attempts <= max_attempts:
+            return _claimed(attempts)
+    return decided(happened, attempts=attempts, max_attempts=max_attempts)
+
+
+def decided(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
+    """:func:`decide`, every decision built from the table (what its shortcuts must equal)."""
     d = _decide(happened, attempts, max_attempts)
     error = happened.error
     # Built directly, not with dataclasses.replace: this runs for every delivery.
@@ -251,6 +267,16 @@ def decide(happened: Happened, *, attempts: int, max_attempts: int) -> Decision:
         phase=happened.phase,
         error_type=type(error).__name__ if error is not None else None,
     )
+
+
+_COMPLETED = Decision(Outcome.COMPLETE, "the handler returned", phase=Phase.RUN)
+"""A handler that returned, still current: the decision of most deliveries."""
+
+
+@functools.lru_cache(maxsize=64)
+def _claimed(attempts: int) -> Decision:
+    """Claimed with attempts left: run the handler (one decision per attempt number)."""
+    return Decision(Outcome.RUN, f"claimed (attempt {attempts})", phase=Phase.CLAIM)
 
 
 def _decide(happened: Happened, attempts: int, max_attempts: int) -> Decision:

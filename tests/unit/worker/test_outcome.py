@@ -29,6 +29,7 @@ from pubsub_worker._worker.outcome import (
     Phase,
     backoff_s,
     decide,
+    decided,
 )
 from pubsub_worker._worker.settle import settle
 from pubsub_worker.errors import (
@@ -190,6 +191,25 @@ def test_decide(happened: Happened, attempts: int, outcome: Outcome, reason: str
     assert decision.reason == reason
     if outcome is Outcome.DEFER:
         assert 10 <= decision.delay_s <= 600  # never a hot loop
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 5])
+@pytest.mark.parametrize(
+    "happened",
+    [
+        Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
+        Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED, current=False),
+        Happened(Phase.CLAIM, ShuttingDown("stop"), claim=ClaimKind.CLAIMED),
+        Happened(Phase.RUN),
+        Happened(Phase.RUN, current=False),
+        Happened(Phase.RUN, RuntimeError("boom")),
+    ],
+    ids=repr,
+)
+def test_the_decisions_built_once_are_the_tables(happened: Happened, max_attempts: int) -> None:
+    for attempts in range(max_attempts + 3):
+        fast = decide(happened, attempts=attempts, max_attempts=max_attempts)
+        assert fast == decided(happened, attempts=attempts, max_attempts=max_attempts)
 
 
 def test_every_outcome_and_phase_is_in_the_table() -> None:
