@@ -44,7 +44,11 @@ library, alternately, on the same messages and store (with ``--threads``:
 on the same callback threads, and with ``--store firestore`` on its own
 batching store, each write waited for): the same writes, digests, key gate
 and ack in one function, none of the library's structure around them (what
-a delivery's work costs in Python, against what the library spends on it).
+a delivery's work costs in Python, against what the library spends on it),
+and :class:`benchmarks.lean.LeanDelivery` beside both: a one-step delivery
+through the library's own parts (tracker, gate, lease keeper, claim, outcome
+table, logger, trace, metrics, hooks, settlement) in one object, a prototype
+of what one object per delivery would cost.
 
 ``--profile N`` prints the N functions with the most own time (``cProfile``)
 and the calls per message. Nothing here is a test or a target; the
@@ -77,13 +81,22 @@ from pubsub_worker.stores import MemoryJobStore
 from pubsub_worker.stores.base import JobStore
 
 from .floor import FloorDelivery, run_floor
+from .lean import LeanDelivery, runtime_of
 from .threads import ROLES, thread_cpu_s, thread_switches
 
-__all__ = ["Threaded", "firestore_client", "floor_once", "main", "run_once", "run_threaded"]
+__all__ = [
+    "Threaded",
+    "firestore_client",
+    "floor_once",
+    "lean_once",
+    "main",
+    "run_once",
+    "run_threaded",
+]
 
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
-Side = Literal["stock", "wrapped", "floor"]
+Side = Literal["stock", "wrapped", "floor", "lean"]
 """Whose callback a threaded run runs: the stock exactly-once callback, the wrapper, or
 :class:`benchmarks.floor.FloorDelivery`."""
 
@@ -321,6 +334,9 @@ def run_threaded(
         callback: Callable[[Any], None] = _stock
         if side == "wrapped":
             wrapper = callback = _started_wrapper(store)
+        elif side == "lean":
+            wrapper = _started_wrapper(store)
+            callback = LeanDelivery(runtime_of(wrapper))
         elif side == "floor":
             callback = FloorDelivery(
                 MemoryJobStore() if store is None else store,
@@ -382,6 +398,7 @@ def _side_by_side(
     stock: list[Threaded] = []
     wrapped: list[Threaded] = []
     floors: list[Threaded] = []
+    leans: list[Threaded] = []
     for n in range(repeats):
         stock.append(run_threaded(messages, threads, side="stock", in_flight=in_flight))
         wrapped.append(
@@ -391,10 +408,13 @@ def _side_by_side(
             floors.append(
                 run_threaded(messages, threads, side="floor", client=client, in_flight=in_flight)
             )
+            leans.append(
+                run_threaded(messages, threads, side="lean", client=client, in_flight=in_flight)
+            )
         print(
             f"[{n + 1}/{repeats}] stock {stock[-1].cpu_ms:.3f}, wrapped "
             f"{wrapped[-1].cpu_ms:.3f}"
-            + (f", floor {floors[-1].cpu_ms:.3f}" if floor else "")
+            + (f", lean {leans[-1].cpu_ms:.3f}, floor {floors[-1].cpu_ms:.3f}" if floor else "")
             + " ms CPU per message",
             file=sys.stderr,
         )
@@ -421,6 +441,17 @@ def _side_by_side(
     by_role = _by_role(wrapped)
     if by_role:
         print(f"the wrapper by thread, CPU ms / context switches per message: {by_role}")
+    if leans:
+        print(
+            f"the lean prototype (the library's parts, one object per delivery, each write "
+            f"waited for): {median(leans, lambda r: r.cpu_ms):.3f} ms CPU per message, "
+            f"{median(leans, lambda r: r.switches):.1f} context switches"
+            + (
+                f", BatchWrite RPCs {median(leans, lambda r: r.rpcs):.2f}"
+                if client is not None
+                else ""
+            )
+        )
     if floors:
         print(
             f"the floor (the same writes, digests, key gate and ack in one function, each write "
@@ -457,23 +488,45 @@ def floor_once(messages: int) -> float:
     return seconds
 
 
+def lean_once(messages: int) -> float:
+    """CPU seconds per message of :class:`benchmarks.lean.LeanDelivery` on the same
+    messages and store as :func:`run_once` (a started worker's parts)."""
+    wrapped = _started_wrapper()
+    deliver = LeanDelivery(runtime_of(wrapped))
+    batch = [_Message(n) for n in range(messages)]
+    try:
+        started = time.process_time()
+        for message in batch:
+            deliver(message)
+        spent = time.process_time() - started
+    finally:
+        wrapped.close()
+    if not all(message.acked for message in batch):
+        raise AssertionError("a message was not acked")
+    return spent / messages
+
+
 def _against_floor(messages: int, repeats: int) -> int:
     run_once(min(messages, 1000))  # warm-up: imports, caches
+    lean_once(min(messages, 1000))
     floor_once(min(messages, 1000))
-    library, floor = [], []
+    library, lean, floor = [], [], []
     for n in range(repeats):
         library.append(run_once(messages) * 1000)
+        lean.append(lean_once(messages) * 1000)
         floor.append(floor_once(messages) * 1000)
         print(
-            f"[{n + 1}/{repeats}] library {library[-1]:.3f}, floor {floor[-1]:.3f} ms CPU "
-            "per message",
+            f"[{n + 1}/{repeats}] library {library[-1]:.3f}, lean {lean[-1]:.3f}, "
+            f"floor {floor[-1]:.3f} ms CPU per message",
             file=sys.stderr,
         )
-    lib, low = statistics.median(library), statistics.median(floor)
+    lib, mid, low = (statistics.median(runs) for runs in (library, lean, floor))
     print(
         f"CPU per message, medians of {repeats} runs of {messages} messages: the library "
-        f"{lib:.3f} ms, the floor {low:.3f} ms (the same writes, digests, key gate and ack in "
-        f"one function): {lib / low:.1f}x, {lib - low:.3f} ms of structure"
+        f"{lib:.3f} ms, the lean prototype {mid:.3f} ms (the library's parts, one object per "
+        f"delivery), the floor {low:.3f} ms (the same writes, digests, key gate and ack in "
+        f"one function): the library {lib / low:.1f}x the floor, {lib - low:.3f} ms of "
+        f"structure, of which {lib - mid:.3f} ms the objects around the parts"
     )
     return 0
 
