@@ -31,7 +31,7 @@ from typing import Any
 from pubsub_worker._delivery.generations import DeliveryTracker
 from pubsub_worker._delivery.lease import LeaseKeeper
 from pubsub_worker._job.steps import JobCore
-from pubsub_worker._worker import claiming, outcome, report, settle, writes
+from pubsub_worker._worker import claiming, report, settle, writes
 from pubsub_worker._worker.engine import Engine
 from pubsub_worker._worker.flow import DeliveryFlow
 from pubsub_worker._worker.handler import HandlerCall
@@ -69,7 +69,6 @@ PHASES: dict[str, tuple[Callable[..., Any], ...]] = {
         DeliveryFlow._carried_out,
         DeliveryFlow._write_or_redecide,
     ),
-    "decide": (outcome.decide,),
     "completion write": (writes.write_for,),
     "report": (report.count, report.ended),
     "settle": (settle.settle_delivery,),
