@@ -20,6 +20,7 @@ from pubsub_worker._support import fences
 from samples.fenced_sink import FencedSink
 from tests.chaos.conftest import BOTH_FLAVOURS
 from tests.support.gate import Gate
+from tests.support.observe import end_stale_streams
 from tests.support.processes import Effects, Worker
 
 KEY = "op-1"
@@ -205,17 +206,23 @@ def _take_over(
     effects: Effects,
     workers: Callable[..., Worker],
     env: dict[str, str],
+    *,
+    subscriber: Any,
+    subscription_path: str,
 ) -> Worker:
     """Freeze ``first`` at its gate until its lease expires and a second worker finishes.
 
     ``first`` reaches Pub/Sub through ``proxy``, whose connections are cut once
-    it is frozen, so the emulator sees its stream end: with the stream left
-    open, the emulator went on redelivering into it and the second worker
-    waited more than a minute for the job.
+    it is frozen; the emulator does not notice a cut stream and goes on
+    redelivering into it (the second worker waited more than a minute for the
+    job, once past 100 s on a loaded machine), so the subscription's streams
+    are ended at the emulator too (:func:`tests.support.observe.end_stale_streams`):
+    the job comes back one lease after the first's last extension.
     """
     gate.wait_arrived()
     first.pause()  # SIGSTOP: like a long GC pause, nothing of the process runs
     proxy.cut()
+    end_stale_streams(subscriber, subscription_path)
     gate.release()  # takes effect only once it runs again
     second = workers(env, "second")
     effects.wait_until("write", 1, timeout_s=REDELIVERY_S)  # the second owner, at epoch 2
@@ -257,7 +264,16 @@ def test_a_paused_owner_s_transactional_write_never_lands(
     first = workers({**env, **unfenced}, "first")
     publisher.publish(eod_subscription.topic_path, b"attachment", op=KEY).result()
     gate = Gate(effects.path, "step:write")
-    second = _take_over(first, pubsub_proxy, gate, effects, workers, env)
+    second = _take_over(
+        first,
+        pubsub_proxy,
+        gate,
+        effects,
+        workers,
+        env,
+        subscriber=subscriber,
+        subscription_path=eod_subscription.subscription_path,
+    )
 
     # The first owner resumes into its transactional step: its transaction reads the job
     # at epoch 2, and it stops there, without an ack.
@@ -279,6 +295,7 @@ def test_a_paused_owner_s_transactional_write_never_lands(
 
 def test_the_fenced_sink_refuses_the_paused_owner_s_older_epoch(
     publisher: Any,
+    subscriber: Any,
     firestore_client: Any,
     eod_subscription: SubscriptionHandle,
     worker_env: dict[str, str],
@@ -299,7 +316,16 @@ def test_the_fenced_sink_refuses_the_paused_owner_s_older_epoch(
     first = workers({**env, "PUBSUB_EMULATOR_HOST": pubsub_proxy.address}, "first")
     publisher.publish(eod_subscription.topic_path, b"attachment", op=KEY).result()
     gate = Gate(effects.path, "step:write")
-    second = _take_over(first, pubsub_proxy, gate, effects, workers, env)
+    second = _take_over(
+        first,
+        pubsub_proxy,
+        gate,
+        effects,
+        workers,
+        env,
+        subscriber=subscriber,
+        subscription_path=eod_subscription.subscription_path,
+    )
 
     # The first owner resumes inside its step and writes at epoch 1, after epoch 2 did.
     effects.wait_until("refused", 1, timeout_s=30)
