@@ -257,7 +257,7 @@ def decided(happened: Happened, *, attempts: int, max_attempts: int) -> Decision
     """:func:`decide`, every decision built from the table (what its shortcuts must equal)."""
     d = _decide(happened, attempts, max_attempts)
     error = happened.error
-    # Built directly, not with dataclasses.replace: this runs for every delivery.
+    # Built directly, not with dataclasses.replace: it runs for every delivery off the common path.
     return Decision(
         outcome=d.outcome,
         why=d.why,
