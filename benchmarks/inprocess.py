@@ -97,8 +97,8 @@ __all__ = [
 SUBSCRIPTION = "projects/bench/subscriptions/inprocess"
 
 Side = Literal["stock", "wrapped", "floor", "lean"]
-"""Whose callback a threaded run runs: the stock exactly-once callback, the wrapper, or
-:class:`benchmarks.floor.FloorDelivery`."""
+"""Whose callback a threaded run runs: the stock exactly-once callback, the wrapper,
+:class:`benchmarks.floor.FloorDelivery` or :class:`benchmarks.lean.LeanDelivery`."""
 
 
 class _Manager:
