@@ -1,4 +1,4 @@
-"""A one-step delivery through the library's own parts, in one object (``inprocess --lean``).
+"""A one-step delivery through the library's own parts, in one object (``inprocess --floor``).
 
 :class:`LeanDelivery` sits between the floor (:mod:`benchmarks.floor`: the
 work alone) and the library: it runs a one-step delivery through the same
@@ -95,6 +95,7 @@ class _Lean:
     def run(self) -> None:
         rt, message = self.rt, self.message
         received_at = self.last_progress
+        published = message.publish_time.timestamp()
         log = job_logger(_LOGGER, "?", message.message_id)
         rt.hooks.received(message.message_id)
         rt.metrics.inc(Counter.RECEIVED)
@@ -107,7 +108,7 @@ class _Lean:
             message,
             delivery,
             received_at=received_at,
-            published_at=message.publish_time.timestamp(),
+            published_at=published,
         )
         trace = DeliveryTrace(message, rt.subscription)
         identity = identify(rt, message)
@@ -172,7 +173,7 @@ class _Lean:
                 key=identity.key,
                 answer=SettledAnswer(),
                 log=log,
-                order=(message.publish_time.timestamp(), 0),
+                order=(published, 0),
             )
             report.ended(
                 decision,
