@@ -30,7 +30,17 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["CALLBACK_THREADS", "Profile", "component", "function", "load", "main", "record", "stop"]
+__all__ = [
+    "CALLBACK_THREADS",
+    "Profile",
+    "component",
+    "function",
+    "load",
+    "main",
+    "record",
+    "sampling",
+    "stop",
+]
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 CALLBACK_THREADS = ("bench_", "ThreadPoolExecutor-ThreadScheduler", "pubsub-worker_")
@@ -58,24 +68,40 @@ def record(exe: str, pids: Mapping[str, int], folder: Path) -> list[subprocess.P
 
     100 samples a second, without pausing the process (``--nonblocking``):
     the sampling still perturbs the numbers, a diagnostic, not a measurement.
+    Unpaused, py-spy drops a sample whose stack changed while it read it; what
+    it says as it stops (how many it kept and dropped) goes to ``*-cpu.sampling``
+    and ``*-wall.sampling`` beside the profiles (:func:`sampling` reads it).
     """
     folder.mkdir(parents=True, exist_ok=True)
     spies = []
     for name, pid in pids.items():
         for mode, flags in (("cpu", ("--gil",)), ("wall", ("--idle", "--threads"))):
             out = folder / f"{name}-{mode}.txt"
-            spies.append(
-                subprocess.Popen(
-                    [
-                        *(exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking"),
-                        *(*flags, "--format", "raw", "--output", str(out)),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+            with (folder / f"{name}-{mode}.sampling").open("wb") as said:
+                spies.append(
+                    subprocess.Popen(
+                        [
+                            *(exe, "record", "--pid", str(pid), "--rate", "100", "--nonblocking"),
+                            *(*flags, "--format", "raw", "--output", str(out)),
+                        ],
+                        stdout=said,
+                        stderr=subprocess.STDOUT,
+                    )
                 )
-            )
     time.sleep(1.0)  # attached before the measurement starts
     return spies
+
+
+_SAMPLING = re.compile(r"Samples: (?P<kept>\d+) Errors: (?P<dropped>\d+)")
+
+
+def sampling(log: Path) -> tuple[int, int] | None:
+    """The samples py-spy kept and dropped, from what it said as it stopped (``*-cpu.sampling``);
+    None if it said nothing of them."""
+    if not log.exists():
+        return None
+    found = _SAMPLING.search(log.read_text(errors="replace"))
+    return None if found is None else (int(found["kept"]), int(found["dropped"]))
 
 
 def stop(spies: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -44,6 +44,7 @@ from benchmarks.cores import Layout, pin_tree
 from benchmarks.fleet import Plan, Publisher, run_once
 from benchmarks.latency import FIRESTORE_RTT_MS, PUBSUB_RTT_MS, DelayProxies
 from benchmarks.machine import emulators, machine, versions
+from benchmarks.profile import sampling
 from benchmarks.report import render_markdown, summarize, write_markdown
 from benchmarks.scenarios import BASELINE, DEFAULT_SCENARIOS, GROUPS, SCENARIOS, expand
 
@@ -84,6 +85,9 @@ class Options:
     py_spy: Path | None = None
     profiles: Path | None = None
     """Where the profile round's profiles go (gzipped); None: no profile round."""
+    profile_messages: int = 9000
+    """The backlog of each run of the profile round: at 100 samples a second, a 1,500-message
+    backlog gave a one-step consumer 20-50 samples holding the GIL, too few to split."""
     firestore_rtt_ms: float = FIRESTORE_RTT_MS
     """Added to every Firestore round trip of the delayed scenarios (group ``latency``)."""
     pubsub_rtt_ms: float = PUBSUB_RTT_MS
@@ -93,6 +97,16 @@ class Options:
     cores: str = "split"
     """``split``: a one-process scenario's consumer on a core of its own
     (:mod:`benchmarks.cores`); ``shared``: every process on every core."""
+
+
+def backlog_of(options: Options, repeat: int) -> int:
+    """The backlog of a run of a session: ``repeat`` 0 is the warm-up, :data:`PROFILE_ROUND`
+    the profile round's run, below it a settling run, above it a measured repeat."""
+    if repeat == 0:
+        return options.warmup
+    if repeat == PROFILE_ROUND:
+        return options.profile_messages
+    return options.messages
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -117,6 +131,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--lone", type=int, help="messages sent one at a time, per run (default 20; quick 10)"
     )
     parser.add_argument("--repeats", type=int, help="runs per scenario (default 5; quick 1)")
+    parser.add_argument(
+        "--profile-messages",
+        type=int,
+        help="backlog of each run of the profile round (default 9000; quick 600): enough "
+        "samples to split a message's CPU by part",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -239,6 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         command=shlex.join(["python", "-m", "benchmarks.run", *given]),
         py_spy=Path(args.py_spy) if args.py_spy else None,
         profiles=path(args.profiles),
+        profile_messages=pick(args.profile_messages, 9000, 600),
         firestore_rtt_ms=args.firestore_rtt_ms,
         pubsub_rtt_ms=args.pubsub_rtt_ms,
         settle=max(pick(args.settle, SETTLE_LIMIT, 0), 0),
@@ -409,7 +430,7 @@ class _Session:
             if profiled
             else f"r{repeat}-{name}"
         )
-        backlog = options.messages if settling else options.warmup if warm else options.messages
+        backlog = backlog_of(options, repeat)
         plan = Plan(
             scenario=scenario,
             label=label,
@@ -468,6 +489,12 @@ class _Session:
                     data = (self.raw_profiles / f"{label}-{mode}.txt").read_bytes()
                     target = folder / f"{name}-{mode}.txt.gz"
                     target.write_bytes(gzip.compress(data, mtime=0))
+                    said = sampling(self.raw_profiles / f"{label}-{mode}.sampling")
+                    if said is not None:  # the samples py-spy kept and dropped
+                        kept, dropped = said
+                        (folder / f"{name}-{mode}.sampling").write_text(
+                            f"Samples: {kept} Errors: {dropped}\n"
+                        )
                 raw["profile_files"] = [f"{name}-{m}.txt.gz" for m in ("cpu", "wall")]
             self.profiled[name] = raw
 

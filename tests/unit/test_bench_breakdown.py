@@ -64,6 +64,7 @@ def test_gil_time_per_message_and_callback_threads_time_by_part(tmp_path: Path) 
     _write(tmp_path, "profile-wrapped-1-p0", "wall", WALL, zipped=False)
     found = breakdown(tmp_path, "profile-wrapped-1-p0", messages=100)
     assert found is not None
+    assert found["dropped"] == {"cpu": None, "wall": None}  # py-spy's words not kept
     assert found["samples"] == {"cpu": 80, "wall": 100}
     # 10 ms a sample, over 100 messages
     assert found["cpu"] == pytest.approx(
@@ -144,7 +145,13 @@ def test_the_profile_tables_show_each_profiled_scenario_and_skip_a_missing_profi
 ) -> None:
     _write(tmp_path, "profile-wrapped-1-p0", "cpu", CPU, zipped=False)
     _write(tmp_path, "profile-wrapped-1-p0", "wall", WALL, zipped=False)
+    (tmp_path / "profile-wrapped-1-p0-cpu.sampling").write_text(
+        "py-spy> Stopped sampling because Control-C pressed\n"
+        "py-spy> Wrote raw flamegraph data to 'x.txt'. Samples: 80 Errors: 57\n"
+    )
     found = breakdown(tmp_path, "profile-wrapped-1-p0", messages=100)
+    assert found is not None
+    assert found["dropped"] == {"cpu": 57, "wall": None}
     phases = {"backlog": {"consumer_cpu_s": [0.25], "messages": 100, "msgs_per_s": 1234.0}}
     report = {
         "profiled": {
@@ -158,6 +165,9 @@ def test_the_profile_tables_show_each_profiled_scenario_and_skip_a_missing_profi
     assert "| **GIL in all** | **8.00** |" in lines
     assert "| consumer CPU in this run (all threads) | 2.50 |" in lines
     assert "| msg/s in this run | 1,234 |" in lines
+    assert "| samples holding the GIL (dropped), messages | 80 (57), 100 |" in lines
+    assert "| GIL in all, dropped samples included | 13.70 |" in lines  # 137 samples
+    assert found["samples"]["cpu"] == 80  # 8.00 ms a message of 10 ms samples, 100 messages
     assert "| the claim's write | 30.0% |" in lines
     assert profile_tables({"profiled": {}}) == []
 

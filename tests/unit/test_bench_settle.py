@@ -1,11 +1,12 @@
-"""When the emulators count as settled before a benchmark session's warm-ups (no emulator)."""
+"""A benchmark session's runs: when the emulators count as settled before the warm-ups, and
+each run's backlog (no emulator)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from benchmarks.report import render_markdown
-from benchmarks.run import parse_args, settle_emulators, settled
+from benchmarks.run import PROFILE_ROUND, backlog_of, parse_args, settle_emulators, settled
 
 
 def test_settled_once_three_runs_in_a_row_cost_the_emulator_within_15_percent() -> None:
@@ -36,6 +37,17 @@ def test_a_full_run_settles_at_most_12_times_a_quick_one_not_at_all() -> None:
     assert parse_args(["--quick"]).settle == 0
     assert parse_args(["--settle", "3"]).settle == 3
     assert parse_args(["--settle", "-1"]).settle == 0
+
+
+def test_the_profile_round_runs_a_backlog_long_enough_to_sample() -> None:
+    full = parse_args([])
+    assert (full.messages, full.warmup, full.profile_messages) == (1500, 600, 9000)
+    assert backlog_of(full, 0) == 600  # the warm-up
+    assert backlog_of(full, 3) == 1500  # a measured repeat
+    assert backlog_of(full, PROFILE_ROUND) == 9000
+    assert backlog_of(full, PROFILE_ROUND - 1) == 1500  # a settling run
+    assert parse_args(["--quick"]).profile_messages == 600
+    assert backlog_of(parse_args(["--profile-messages", "2000"]), PROFILE_ROUND) == 2000
 
 
 def test_the_report_says_how_the_emulators_settled() -> None:
