@@ -209,9 +209,10 @@ def profile_tables(report: dict[str, Any]) -> list[str]:
         "docs/profiles wrapped-1-cpu`). GIL: only samples that hold it, 10 ms each, per "
         "message; gRPC's C threads that never take it are in the consumer's CPU, not here. "
         "py-spy does not pause the consumer and drops a sample whose stack changed while it "
-        "read it: on the path alone (10 callback threads, in memory) 2% of the stock "
-        "callback's and 46% of the wrapper's, so the figures, of the samples kept, undercount "
-        "the wrapper against the stock client; the consumer's CPU is the measured figure.",
+        "read it, more of the wrapper's than of the stock client's (the row of samples says "
+        "how many): the parts, of the samples kept, undercount the wrapper against the stock "
+        "client, and the GIL counted with the dropped samples comes near the consumer's CPU, "
+        "the measured figure.",
         "",
         "GIL held, ms per message (CPU profile):",
         "",
