@@ -70,11 +70,12 @@ class RpcCounter:
     ``micros``: the wall time of the unary calls made blocking (microseconds, by
     method), from the call to its answer: the time a caller waited for them.
 
-    It is not a gRPC interceptor: ``grpc.intercept_channel`` put about 22 us of
-    the caller's CPU on every unary call on the benchmark's machine (202 against
-    180 us a ``BatchWrite``), and only the wrapper's consumer makes Firestore
-    RPCs, so the count cost the wrapper alone. :class:`CountedChannel` counts
-    with one call around the channel's own.
+    It is not a gRPC interceptor: counting from inside ``grpc.intercept_channel``
+    put 16-26 us of the caller's CPU on every unary call on the benchmark's
+    machine (``python -m benchmarks.rpc_cost``: ``raw-intercepted`` against
+    ``raw-counted``), and only the wrapper's consumer makes Firestore RPCs, so
+    the count cost the wrapper alone. :class:`CountedChannel` counts with one
+    call around the channel's own.
     """
 
     def __init__(self) -> None:

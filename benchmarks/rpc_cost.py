@@ -1,8 +1,8 @@
 """The client CPU of one Firestore ``BatchWrite`` RPC: ``python -m benchmarks.rpc_cost``.
 
 Starts the Firestore and Pub/Sub emulators, then sends ``--calls`` batches
-of ``--writes`` job writes one after another from one thread, four ways,
-twice each, alternating:
+of ``--writes`` job writes one after another from one thread, each way
+twice, alternating:
 
 - ``generated``: the generated client's wrapped ``batch_write`` method
   (proto-plus request, ``api_core``'s retry and timeout layers), as the
@@ -21,7 +21,12 @@ twice each, alternating:
   (``documents:batchWrite``) on one kept-alive connection, the emulator's
   only (no credentials): what leaving gRPC would save;
 - ``empty-commit``: a ``Commit`` of no writes on the raw channel: the floor,
-  what any unary call costs the client here, whatever it carries.
+  what any unary call costs the client here, whatever it carries;
+- ``raw-intercepted``: ``raw`` counted from inside a gRPC interceptor
+  (``grpc.intercept_channel``), as the benchmark counted a consumer's RPCs
+  before, and ``raw-counted``: ``raw`` through the benchmark's RPC counter now
+  (:class:`benchmarks.counting.CountedChannel`, one call around the channel's):
+  the same counting, with and without the interceptor's layers.
 
 It prints the process CPU time (all threads, ``time.process_time``), the
 sending thread's share of it (``time.thread_time``: the rest is gRPC's own
@@ -42,8 +47,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
+from benchmarks.counting import RpcCounter, short_method
 from benchmarks.machine import emulators
 
 __all__ = ["main"]
@@ -88,6 +95,15 @@ def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
     def empty_commit(writes: list[Any]) -> Any:
         return commit(commit_request(database=database), timeout=10, metadata=metadata)
 
+    def through(channel: grpc.Channel) -> Callable[[list[Any]], Any]:
+        wrapped_call: Any = channel.unary_unary(
+            "/google.firestore.v1.Firestore/BatchWrite",
+            request_serializer=None,
+            response_deserializer=firestore_types.BatchWriteResponse.pb().FromString,
+        )
+        return lambda writes: wrapped_call(serialized(writes), timeout=10, metadata=metadata)
+
+    channel = api._transport.grpc_channel
     return {
         "generated": generated,
         "raw": raw,
@@ -95,7 +111,28 @@ def _senders(client: Any) -> dict[str, Callable[[list[Any]], Any]]:
         "write-stream": _WriteStream(client, metadata),
         "rest": _Rest(database),
         "empty-commit": empty_commit,
+        "raw-intercepted": through(grpc.intercept_channel(channel, _Counting())),
+        "raw-counted": through(RpcCounter().intercept(channel)),
     }
+
+
+class _Counting(grpc.UnaryUnaryClientInterceptor):
+    """Counts as :class:`~benchmarks.counting.RpcCounter` does, from inside an interceptor (how
+    the benchmark counted RPCs before): what the interceptor's layers add."""
+
+    def __init__(self) -> None:
+        self._counter = RpcCounter()
+
+    def intercept_unary_unary(
+        self, continuation: Callable[[Any, Any], Any], client_call_details: Any, request: Any
+    ) -> Any:
+        method = short_method(client_call_details.method)
+        self._counter.count(method, request)
+        started = time.perf_counter()
+        try:
+            return continuation(client_call_details, request)
+        finally:
+            self._counter.waited(method, started)
 
 
 class _Rest:
