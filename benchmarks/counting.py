@@ -122,46 +122,41 @@ class RpcCounter:
             self.micros[method] += waited
 
 
-class _Unary(_UnaryBase):
-    """A unary method whose calls are counted, and timed when they block."""
+class _Counted:
+    """One method of a counted channel: the channel's own multi-callable, its short name."""
 
     def __init__(self, inner: Any, method: str, counter: RpcCounter) -> None:
         self._inner, self._method, self._counter = inner, method, counter
 
-    def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, call: Callable[..., Any], request: Any, *args: Any, **kwargs: Any) -> Any:
+        """A unary call counted, and timed until its answer."""
         self._counter.count(self._method, request)
         started = time.perf_counter()
         try:
-            return self._inner(request, *args, **kwargs)
+            return call(request, *args, **kwargs)
         finally:
             self._counter.waited(self._method, started)
 
+
+class _Unary(_Counted, _UnaryBase):
+    def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._inner, request, *args, **kwargs)
+
     def with_call(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._counter.count(self._method, request)
-        started = time.perf_counter()
-        try:
-            return self._inner.with_call(request, *args, **kwargs)
-        finally:
-            self._counter.waited(self._method, started)
+        return self._timed(self._inner.with_call, request, *args, **kwargs)
 
     def future(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self._counter.count(self._method, request)  # not waited for here: no time counted
         return self._inner.future(request, *args, **kwargs)
 
 
-class _UnaryStream(_UnaryStreamBase):
-    def __init__(self, inner: Any, method: str, counter: RpcCounter) -> None:
-        self._inner, self._method, self._counter = inner, method, counter
-
+class _UnaryStream(_Counted, _UnaryStreamBase):
     def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self._counter.count(self._method, request)
         return self._inner(request, *args, **kwargs)
 
 
-class _StreamUnary(_StreamUnaryBase):
-    def __init__(self, inner: Any, method: str, counter: RpcCounter) -> None:
-        self._inner, self._method, self._counter = inner, method, counter
-
+class _StreamUnary(_Counted, _StreamUnaryBase):
     def __call__(self, request_iterator: Any, *args: Any, **kwargs: Any) -> Any:
         self._counter.count(self._method, None)
         return self._inner(request_iterator, *args, **kwargs)
@@ -175,10 +170,7 @@ class _StreamUnary(_StreamUnaryBase):
         return self._inner.future(request_iterator, *args, **kwargs)
 
 
-class _StreamStream(_StreamStreamBase):
-    def __init__(self, inner: Any, method: str, counter: RpcCounter) -> None:
-        self._inner, self._method, self._counter = inner, method, counter
-
+class _StreamStream(_Counted, _StreamStreamBase):
     def __call__(self, request_iterator: Any, *args: Any, **kwargs: Any) -> Any:
         self._counter.count(self._method, None)
         return self._inner(request_iterator, *args, **kwargs)
@@ -186,7 +178,7 @@ class _StreamStream(_StreamStreamBase):
 
 class CountedChannel(grpc.Channel):
     """A channel whose methods count their calls in an :class:`RpcCounter`; everything else
-    is the wrapped channel's own."""
+    is the wrapped channel's own (each method made with the arguments given, passed on)."""
 
     def __init__(self, channel: grpc.Channel, counter: RpcCounter) -> None:
         self._channel = channel
@@ -198,52 +190,20 @@ class CountedChannel(grpc.Channel):
     def unsubscribe(self, callback: Callable[..., Any]) -> None:
         self._channel.unsubscribe(callback)
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Callable[..., Any] | None = None,
-        response_deserializer: Callable[..., Any] | None = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
-        inner = self._channel.unary_unary(  # type: ignore[call-arg]
-            method, request_serializer, response_deserializer, _registered_method
-        )
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        inner = self._channel.unary_unary(method, *args, **kwargs)
         return _Unary(inner, short_method(method), self._counter)
 
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Callable[..., Any] | None = None,
-        response_deserializer: Callable[..., Any] | None = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.UnaryStreamMultiCallable[Any, Any]:
-        inner = self._channel.unary_stream(  # type: ignore[call-arg]
-            method, request_serializer, response_deserializer, _registered_method
-        )
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        inner = self._channel.unary_stream(method, *args, **kwargs)
         return _UnaryStream(inner, short_method(method), self._counter)
 
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Callable[..., Any] | None = None,
-        response_deserializer: Callable[..., Any] | None = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.StreamUnaryMultiCallable[Any, Any]:
-        inner = self._channel.stream_unary(  # type: ignore[call-arg]
-            method, request_serializer, response_deserializer, _registered_method
-        )
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        inner = self._channel.stream_unary(method, *args, **kwargs)
         return _StreamUnary(inner, short_method(method), self._counter)
 
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Callable[..., Any] | None = None,
-        response_deserializer: Callable[..., Any] | None = None,
-        _registered_method: bool | None = False,
-    ) -> grpc.StreamStreamMultiCallable[Any, Any]:
-        inner = self._channel.stream_stream(  # type: ignore[call-arg]
-            method, request_serializer, response_deserializer, _registered_method
-        )
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        inner = self._channel.stream_stream(method, *args, **kwargs)
         return _StreamStream(inner, short_method(method), self._counter)
 
     def close(self) -> None:
