@@ -109,6 +109,7 @@ class WriteBatcher:
         self._queued_creates = 0
         self._busy_docs: set[str] = set()
         self._timed = False  # a flusher waits for the slow slots to open
+        self._holding = False  # a flusher holds a batch open for other jobs' writes
         self._threads: list[threading.Thread] = []
         self._started = 0
         self._closed = False
@@ -278,7 +279,11 @@ class WriteBatcher:
                         return None
                 hold = self._hold_for(time.monotonic())
                 if hold is not None:  # other jobs' writes may join: see the module's doc
-                    self._cond.wait(hold)
+                    self._holding = True
+                    try:
+                        self._cond.wait(hold)
+                    finally:
+                        self._holding = False
                     continue
                 if self._linger_s > 0:
                     deadline = time.monotonic() + self._linger_s
@@ -338,7 +343,12 @@ class WriteBatcher:
         (With every slot busy it would find nothing to send: the slot's sender
         wakes one.) A lingering flusher is woken for every write; while a slow
         slot will open, one flusher is woken to wait for it, unless one does.
+        A flusher holding a batch open is not woken while the hold lasts: it
+        sends when it ends, and the write that ends it early (the last job
+        without one brings it) is sent by its own thread.
         """
+        if self._holding and self._hold_for(time.monotonic()) is not None:
+            return
         if self._queue and (
             self._linger_s > 0
             or self._ready()

@@ -74,6 +74,50 @@ def test_with_another_job_in_flight_a_write_waits_for_its_and_they_share_one_rpc
     assert slow_store.get("b") is not None
 
 
+def test_a_holding_flusher_is_not_woken_by_writes_until_the_last_one_ends_the_hold(
+    slow_store: BatchingFirestoreJobStore,
+) -> None:
+    """Each wake-up costs a context switch; the write that ends the hold goes on its own
+    thread, with the held ones (no hand-off to the flusher)."""
+    batcher = slow_store.batcher
+    batcher.slots.writers = lambda: 4
+    batcher.slots.arriving = lambda: 0  # no glance once every job has its write out
+    senders: list[tuple[str, list[str]]] = []
+    send = batcher._send
+
+    def recorded(batch: list[Any]) -> None:
+        senders.append(
+            (threading.current_thread().name, [w.doc_path.rsplit("/", 1)[1] for w in batch])
+        )
+        send(batch)
+
+    batcher._send = recorded  # type: ignore[method-assign]
+    notified: list[str] = []
+    notify = batcher._cond.notify
+
+    def counted(n: int = 1) -> None:
+        notified.append(threading.current_thread().name)
+        notify(n)
+
+    with ThreadPoolExecutor(4, thread_name_prefix="job") as pool:
+        held = [pool.submit(slow_store.create, "a", {"epoch": 1})]
+        deadline = time.monotonic() + 5
+        while not batcher._holding:  # a flusher holds the batch open for the others
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        batcher._cond.notify = counted  # type: ignore[method-assign]
+        held += [pool.submit(slow_store.create, doc, {"epoch": 1}) for doc in ("b", "c")]
+        time.sleep(0.1)
+        assert notified == []  # two writes queued, the flusher left asleep
+        last = pool.submit(slow_store.create, "d", {"epoch": 1})
+        for future in [*held, last]:
+            future.result(timeout=10)
+    assert len(senders) == 1
+    sender, docs = senders[0]
+    assert sorted(docs) == ["a", "b", "c", "d"]
+    assert sender.startswith("job")  # the last job's thread, not a batch writer
+
+
 def test_a_held_batch_goes_after_gather_s_when_nothing_joins_it(
     slow_store: BatchingFirestoreJobStore,
 ) -> None:
