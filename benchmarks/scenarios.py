@@ -398,7 +398,7 @@ _TUNINGS: tuple[tuple[str, str, dict[str, Any], tuple[str, ...]], ...] = (
         "no-gather",
         "BatchWrite, no batch held open for other jobs",
         {"store": _BATCHED, "batching": {"gather_s": 0.0}},
-        ("run-1", "run-1-rtt", "wrapped-1-c100"),
+        ("wrapped-1", "wrapped-1-default", "run-1", "run-1-rtt", "wrapped-1-c100"),
     ),
     (
         "slow-2ms",
