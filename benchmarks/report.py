@@ -276,10 +276,23 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"{options['lone']} one at a time (lone). Fixed setup: flow control "
         f"`max_messages={options['concurrency']}` and as many callback threads. Each consumer "
         f"in its own process. {_settled(report)}A warm-up run per scenario, then "
-        f"{options['repeats']} repeat(s), interleaved, order rotated; medians, (min-max) over "
-        "repeats; each ratio is taken within a repeat against the stock EOD client with the "
-        "same setup.",
+        f"{options['repeats']} repeat(s), interleaved, order rotated{_cpu_repeats(report)}; "
+        "medians, (min-max) over repeats; each ratio is taken within a repeat against the "
+        "stock EOD client with the same setup.",
     ]
+
+
+def _cpu_repeats(report: dict[str, Any]) -> str:
+    """The extra repeats of the scenarios the CPU targets compare, as a clause; "" if none."""
+    repeats = report["options"]["repeats"]
+    more = sorted({r["scenario"] for r in report["runs"] if r["repeat"] > repeats})
+    if not more:
+        return ""
+    total = max(r["repeat"] for r in report["runs"])
+    return (
+        f", then those the CPU targets compare ({', '.join(f'`{n}`' for n in more)}) "
+        f"again, {total} repeats in all"
+    )
 
 
 def _settled(report: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ from benchmarks.machine import emulators, machine, versions
 from benchmarks.profile import sampling
 from benchmarks.report import render_markdown, summarize, write_markdown
 from benchmarks.scenarios import BASELINE, DEFAULT_SCENARIOS, GROUPS, SCENARIOS, expand
+from benchmarks.targets import CPU_FIRESTORE, CPU_MEMORY
 
 __all__ = ["Options", "main", "parse_args", "session_report"]
 
@@ -97,6 +98,9 @@ class Options:
     cores: str = "split"
     """``split``: a one-process scenario's consumer on a core of its own
     (:mod:`benchmarks.cores`); ``shared``: every process on every core."""
+    cpu_repeats: int = 0
+    """The scenarios the CPU targets compare (:data:`~benchmarks.targets.CPU_COMPARED`)
+    run this many times in all, the others :attr:`repeats` (no fewer)."""
 
 
 def backlog_of(options: Options, repeat: int) -> int:
@@ -107,6 +111,26 @@ def backlog_of(options: Options, repeat: int) -> int:
     if repeat == PROFILE_ROUND:
         return options.profile_messages
     return options.messages
+
+
+def run_order(names: Sequence[str], options: Options) -> list[tuple[str, int]]:
+    """The measured runs of a session, in order: (scenario, repeat).
+
+    Every scenario ``repeats`` times, each repeat in an order rotated by one; then the
+    wrapper's scenarios of ``names`` that the CPU targets compare, and their stock
+    baselines (:data:`~benchmarks.targets.CPU_COMPARED`), again, rotated alike, up to
+    ``cpu_repeats`` in all.
+    """
+    order: list[tuple[str, int]] = []
+    for repeat in range(1, options.repeats + 1):
+        shift = (repeat - 1) % len(names)
+        order += [(name, repeat) for name in [*names[shift:], *names[:shift]]]
+    wrapped = {name for name in names if name in (*CPU_FIRESTORE, *CPU_MEMORY)}
+    compared = [n for n in names if n in wrapped or n in {SCENARIOS[w].baseline for w in wrapped}]
+    for repeat in range(options.repeats + 1, options.cpu_repeats + 1 if compared else 0):
+        shift = (repeat - 1) % len(compared)
+        order += [(name, repeat) for name in [*compared[shift:], *compared[:shift]]]
+    return order
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -131,6 +155,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--lone", type=int, help="messages sent one at a time, per run (default 20; quick 10)"
     )
     parser.add_argument("--repeats", type=int, help="runs per scenario (default 5; quick 1)")
+    parser.add_argument(
+        "--cpu-repeats",
+        type=int,
+        help="runs in all of the scenarios the CPU targets compare and their stock baselines "
+        "(default 15; quick as --repeats): one run's ratio is a draw of the host's speed "
+        "spells, and on five repeats two readings of it part by up to a quarter",
+    )
     parser.add_argument(
         "--profile-messages",
         type=int,
@@ -249,6 +280,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         rate=args.rate,
         lone=pick(args.lone, 20, 10),
         repeats=pick(args.repeats, 5, 1),
+        cpu_repeats=pick(args.cpu_repeats, 15, 0),
         concurrency=args.concurrency,
         warmup=pick(args.warmup, 600, 150),
         stall_s=args.stall,
@@ -529,10 +561,8 @@ class _Session:
             self.settle()
             if self.options.warmup:
                 self.warmups += [self.one(name, 0) for name in names]
-            for repeat in range(1, self.options.repeats + 1):
-                shift = (repeat - 1) % len(names)
-                for name in names[shift:] + names[:shift]:
-                    self.runs.append(self.one(name, repeat))
+            for name, repeat in run_order(names, self.options):
+                self.runs.append(self.one(name, repeat))
             self.profile_round()
         finally:
             self.publisher.close()
@@ -588,7 +618,9 @@ def session_report(options: Options, emu: Any, sdk_root: Path | None = None) -> 
     """
     started = time.monotonic()
     when = datetime.datetime.now(datetime.timezone.utc)
-    total = len(options.scenarios) * (options.repeats + (1 if options.warmup else 0))
+    total = len(run_order(options.scenarios, options)) + (
+        len(options.scenarios) if options.warmup else 0
+    )
     progress = _Progress(total)
     session = _Session(options, emu, progress)
     progress.add(len(session.profile_names()))

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from benchmarks.report import render_markdown
-from benchmarks.run import PROFILE_ROUND, backlog_of, parse_args, settle_emulators, settled
+from benchmarks.run import (
+    PROFILE_ROUND,
+    backlog_of,
+    parse_args,
+    run_order,
+    settle_emulators,
+    settled,
+)
+from benchmarks.targets import CPU_COMPARED
 
 
 def test_settled_once_three_runs_in_a_row_cost_the_emulator_within_15_percent() -> None:
@@ -96,3 +104,34 @@ def _report(settling: list[float], *, done: bool = True) -> dict[str, object]:
         "profiled": {},
         "targets": [],
     }
+
+
+def test_the_cpu_targets_scenarios_run_15_times_the_others_as_often_as_asked() -> None:
+    assert parse_args([]).cpu_repeats == 15
+    assert parse_args(["--quick"]).cpu_repeats == 0
+    options = parse_args(
+        ["--scenarios", "stock-eod,wrapped-1,wrapped-3,wrapped-1-memory", "--repeats", "2"]
+    )
+    assert options.cpu_repeats == 15
+    order = run_order(options.scenarios, options)
+    counts = {name: sum(1 for n, _ in order if n == name) for name in options.scenarios}
+    assert counts == {"stock-eod": 15, "wrapped-1": 15, "wrapped-1-memory": 15, "wrapped-3": 2}
+    # The first repeats as before: every scenario, the order rotated by one each repeat.
+    assert order[: 2 * len(options.scenarios)] == [
+        *((name, 1) for name in options.scenarios),
+        *((name, 2) for name in [*options.scenarios[1:], options.scenarios[0]]),
+    ]
+    # Then each extra repeat runs every compared scenario once, its stock baseline with it.
+    for repeat in range(3, 16):
+        ran = sorted(name for name, r in order if r == repeat)
+        assert ran == ["stock-eod", "wrapped-1", "wrapped-1-memory"]
+    assert {name for name, r in order if r > 2} <= CPU_COMPARED
+
+
+def test_no_extra_repeats_without_the_cpu_targets_scenarios_or_past_their_count() -> None:
+    fleet = parse_args(["--scenarios", "wrapped-3", "--repeats", "3"])
+    assert [r for _, r in run_order(fleet.scenarios, fleet) if r > 3] == []
+    stock = parse_args(["--scenarios", "stock-eod-default", "--repeats", "2"])
+    assert [r for _, r in run_order(stock.scenarios, stock) if r > 2] == []
+    fewer = parse_args(["--scenarios", "wrapped-1", "--repeats", "5", "--cpu-repeats", "3"])
+    assert max(r for _, r in run_order(fewer.scenarios, fewer)) == 5

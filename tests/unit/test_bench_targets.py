@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report import _targets_table
+from benchmarks.report import _cpu_repeats, _targets_table
 from benchmarks.targets import BEST_FLOOR, evaluate
 
 
@@ -100,3 +100,44 @@ def test_holding_few_messages_the_wrapper_s_whole_growth_is_judged() -> None:
     assert _met(_memory(held=191, per_1000=11.5, grown=2.2), memory) is True
     assert _met(_memory(held=191, per_1000=30.0, grown=5.7), memory) is False
     assert _met(_memory(held=1200, per_1000=1.0, grown=1.2), memory) is False  # over the limit
+
+
+def _throughput_run(name: str, repeat: int, msgs_per_s: float) -> dict[str, Any]:
+    return {
+        "scenario": name,
+        "repeat": repeat,
+        "ok": True,
+        "phases": {"backlog": {"msgs_per_s": msgs_per_s}},
+    }
+
+
+def test_the_best_flow_control_is_judged_on_the_repeats_that_ran_every_setting() -> None:
+    """The extra repeats of the CPU targets' scenarios (``--cpu-repeats``) run two of the
+    stock client's settings and two of the wrapper's: a best among them is no best."""
+    runs = [
+        _throughput_run(name, repeat, rate)
+        for repeat in (1, 2)
+        for name, rate in (
+            ("stock-eod", 800.0),
+            ("stock-eod-c100", 1000.0),
+            ("wrapped-1", 700.0),
+            ("wrapped-1-c100", 550.0),
+        )
+    ]
+    # Repeats 3-6: only wrapped-1 and its baseline, the stock client's best setting absent.
+    runs += [_throughput_run("stock-eod", r, 800.0) for r in range(3, 7)]
+    runs += [_throughput_run("wrapped-1", r, 700.0) for r in range(3, 7)]
+    report = {"summary": {}, "runs": runs}
+    (target,) = [t for t in evaluate(report) if t["why"] == "best"]
+    assert target["measured"].startswith("70%")  # 700 / 1,000, not 700 / 800
+    assert target["met"] is True
+
+
+def test_the_report_says_which_scenarios_ran_more_repeats_and_how_many() -> None:
+    runs = [_throughput_run(n, r, 1.0) for r in (1, 2) for n in ("stock-eod", "wrapped-3")]
+    report = {"options": {"repeats": 2}, "runs": runs}
+    assert _cpu_repeats(report) == ""
+    report["runs"] = runs + [_throughput_run(n, 3, 1.0) for n in ("wrapped-1", "stock-eod")]
+    assert _cpu_repeats(report) == (
+        ", then those the CPU targets compare (`stock-eod`, `wrapped-1`) again, 3 repeats in all"
+    )
