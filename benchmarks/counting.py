@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.cloud.firestore_v1.types import firestore as firestore_types
 
 __all__ = ["CountedChannel", "RpcCounter", "short_method"]
 
@@ -31,6 +32,10 @@ def short_method(method: str | bytes) -> str:
 
 
 _WRITING = frozenset({"Commit", "BatchWrite"})
+_WRITE_REQUESTS = {
+    "Commit": firestore_types.CommitRequest.pb(),
+    "BatchWrite": firestore_types.BatchWriteRequest.pb(),
+}
 
 
 def _reads(method: str, request: Any) -> int:
@@ -57,9 +62,9 @@ class RpcCounter:
 
     ``items`` counts what a request carries: the ``Write`` messages of a
     Firestore ``Commit`` or ``BatchWrite``, the ack ids of a Pub/Sub
-    ``Acknowledge`` or ``ModifyAckDeadline``. A batched write still counts
-    as one item (a request sent serialized, as the batching store sends its
-    ``BatchWrite``, counts none).
+    ``Acknowledge`` or ``ModifyAckDeadline``; a write request sent serialized,
+    as the batching store sends its ``BatchWrite``, is counted from its bytes
+    (parsed first).
 
     What Firestore bills, by method: ``deletes`` (the writes that delete a
     document; the other writes are billed as writes) and ``reads`` (a
@@ -103,6 +108,10 @@ class RpcCounter:
 
     def count(self, method: str, request: Any) -> None:
         """One call of ``method`` (short name) with ``request`` (None: a stream of them)."""
+        if method in _WRITING and isinstance(request, bytes):
+            # Sent serialized (the batching store's BatchWrite): protobuf's C parser reads it
+            # in about a microsecond for four writes on the benchmark's machine.
+            request = _WRITE_REQUESTS[method].FromString(request)
         items = getattr(request, "writes", None) or getattr(request, "ack_ids", None)
         reads = _reads(method, request)
         deletes = _deletes(request) if method in _WRITING else 0

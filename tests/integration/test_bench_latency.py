@@ -15,6 +15,7 @@ from benchmarks.latency import latency_section
 from benchmarks.report import render_markdown
 from benchmarks.run import parse_args, session_report
 from benchmarks.scenarios import GROUPS, SCENARIOS
+from benchmarks.targets import evaluate
 from emulator import Emulators
 
 pytestmark = pytest.mark.timeout(900)  # the session runs in the first test's setup
@@ -65,6 +66,21 @@ def test_the_delayed_consumers_pay_the_proxies_round_trips(report: dict[str, Any
             rpcs = lone["firestore_rpcs_per_msg"]
             assert rpcs >= 2, run["label"]
             assert lone["firestore_rpc_ms_per_msg"] >= rpcs * FIRESTORE_RTT_MS, run["label"]
+
+
+def test_what_firestore_bills_each_job_is_counted(report: dict[str, Any]) -> None:
+    """The batching store sends each ``BatchWrite`` serialized: its writes are counted from
+    the request's bytes, so a job of N steps shows its N + 1 writes, no read, no delete."""
+    for run in report["runs"]:
+        scenario = SCENARIOS[run["scenario"]]
+        if scenario.stock:
+            continue
+        backlog = run["phases"]["backlog"]
+        assert backlog["billed_writes_per_msg"] == scenario.steps + 1, run["label"]
+        assert backlog["billed_reads_per_msg"] == 0, run["label"]
+        assert backlog["billed_deletes_per_msg"] == 0, run["label"]
+    (billed,) = [t for t in evaluate(report) if t["target"].startswith("Firestore operations")]
+    assert billed["met"] is True, billed
 
 
 def test_the_report_shows_the_group_side_by_side_with_its_targets(report: dict[str, Any]) -> None:

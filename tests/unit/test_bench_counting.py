@@ -6,8 +6,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+from google.cloud.firestore_v1.types import write as write_types
 
 from benchmarks.counting import CountedChannel, RpcCounter
+from pubsub_worker.stores._batch_rpc import request
 
 
 class _Method:
@@ -77,9 +79,10 @@ def test_each_call_is_counted_by_method_and_passed_through_as_made() -> None:
     write = "/google.firestore.v1.Firestore/BatchWrite"
     batch: Any = channel.unary_unary(write, None, _deserialize, True)
     assert inner.made == [("unary_unary", write, None, _deserialize, True)]
-    assert batch(b"raw", timeout=5) == ("call", write, b"raw", {"timeout": 5})
-    assert batch.with_call(b"raw") == ("with_call", write, b"raw", {})
-    assert batch.future(b"raw", metadata=()) == ("future", write, b"raw", {"metadata": ()})
+    raw = request("d", [])  # sent serialized, as the batching store sends it
+    assert batch(raw, timeout=5) == ("call", write, raw, {"timeout": 5})
+    assert batch.with_call(raw) == ("with_call", write, raw, {})
+    assert batch.future(raw, metadata=()) == ("future", write, raw, {"metadata": ()})
     pull: Any = channel.stream_stream("/google.pubsub.v1.Subscriber/StreamingPull")
     assert pull(iter(()))[0] == "call"
     channel.unary_stream("/x.Y/Listen")(b"q")
@@ -107,6 +110,25 @@ def test_what_firestore_bills_and_what_a_request_carries_is_counted() -> None:
     assert got["items"] == {"Commit": 2, "Acknowledge": 2}
     assert got["deletes"] == {"Commit": 1}
     assert got["reads"] == {"BatchGetDocuments": 3}
+
+
+def test_a_write_request_sent_serialized_is_counted_from_its_bytes() -> None:
+    """As the batching store sends its ``BatchWrite``: the request's bytes, built by the
+    library's own :func:`~pubsub_worker.stores._batch_rpc.request`."""
+    database = "projects/p/databases/(default)"
+    update, delete = write_types.Write.pb()(), write_types.Write.pb()()
+    update.update.name = f"{database}/documents/jobs/a"
+    update.update.fields["epoch"].integer_value = 1
+    update.current_document.exists = False
+    delete.delete = f"{database}/documents/jobs/b"
+    writes = [update.SerializeToString(), delete.SerializeToString(), update.SerializeToString()]
+    counter, _, channel = _counted()
+    channel.unary_unary("/google.firestore.v1.Firestore/BatchWrite")(request(database, writes))
+    channel.unary_unary("/google.firestore.v1.Firestore/BatchWrite")(request(database, writes[:1]))
+    got = counter.snapshot()
+    assert got["calls"] == {"BatchWrite": 2}
+    assert got["items"] == {"BatchWrite": 4}
+    assert got["deletes"] == {"BatchWrite": 1}
 
 
 def test_everything_but_the_calls_is_the_channels_own() -> None:
