@@ -159,8 +159,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--cpu-repeats",
         type=int,
         help="runs in all of the scenarios the CPU targets compare and their stock baselines "
-        "(default 15; quick as --repeats): one run's ratio is a draw of the host's speed "
-        "spells, and on five repeats two readings of it part by up to a quarter",
+        "(default 15; as --repeats when that is given, and quick): one run's ratio is a draw "
+        "of the host's speed spells, and on five repeats two readings of it part by up to a "
+        "quarter",
     )
     parser.add_argument(
         "--profile-messages",
@@ -280,7 +281,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         rate=args.rate,
         lone=pick(args.lone, 20, 10),
         repeats=pick(args.repeats, 5, 1),
-        cpu_repeats=pick(args.cpu_repeats, 15, 0),
+        # Given --repeats, the compared scenarios run as often as the others unless told.
+        cpu_repeats=pick(args.cpu_repeats, 0 if args.repeats is not None else 15, 0),
         concurrency=args.concurrency,
         warmup=pick(args.warmup, 600, 150),
         stall_s=args.stall,

@@ -41,7 +41,7 @@ from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 
 from ._batch_rpc import batch_write_call, send_batch
-from ._queued import QueuedWrite
+from ._queued import QueuedWrite, next_batch
 from ._slots import Slots
 from ._writes import framed_bytes
 from .base import Version
@@ -279,7 +279,7 @@ class WriteBatcher:
                         return None
                 hold = self._hold_for(time.monotonic())
                 if hold is not None:  # other jobs' writes may join: see the module's doc
-                    self._holding = True
+                    self._holding = True  # the writes that leave the hold on wake no one
                     try:
                         self._cond.wait(hold)
                     finally:
@@ -300,37 +300,17 @@ class WriteBatcher:
                     return batch
 
     def _pop_batch(self) -> list[QueuedWrite]:
-        """Queued writes for one request, in queue order; marks their documents busy.
-
-        At most ``max_batch`` writes, of at most ``max_batch_bytes`` with the
-        request's own field, one per document, none to a busy document. The
-        oldest write that can go is always taken, however big: a write over
-        the cap goes alone, and a write left for a later batch keeps its place.
-        """
-        batch: list[QueuedWrite] = []
-        docs: set[str] = set()
-        held: set[str] = set()  # documents of writes left for a later batch by their size
-        kept: deque[QueuedWrite] = deque()
-        room = self._write_budget
-        while self._queue and len(batch) < self._max_batch:
-            write = self._queue.popleft()
-            doc = write.doc_path
-            if doc in docs or doc in self._busy_docs or doc in held:
-                kept.append(write)  # one write per document per batch, in order
-                continue
-            if batch and write.size > room:
-                kept.append(write)  # a later batch; its document's later writes stay behind it
-                held.add(doc)
-                continue
-            room -= write.size
-            docs.add(doc)
+        """Queued writes for one request (:func:`~._queued.next_batch`: at most ``max_batch``
+        writes and ``max_batch_bytes`` with the request's own field); marks them sent and their
+        documents busy."""
+        batch, self._queue = next_batch(
+            self._queue, self._busy_docs, max_writes=self._max_batch, room=self._write_budget
+        )
+        for write in batch:
             write.sent = True
             self._queued_creates -= write.create
-            batch.append(write)
-        kept.extend(self._queue)
-        self._queue = kept
-        self._queued_bytes -= self._write_budget - room
-        self._busy_docs.update(docs)
+            self._queued_bytes -= write.size
+            self._busy_docs.add(write.doc_path)
         if batch:
             self.slots.take(time.monotonic())
         if len(self._threads) > 1:

@@ -1,4 +1,5 @@
-"""One write queued for a shared ``BatchWrite`` RPC, and how its outcome reaches its caller.
+"""One write queued for a shared ``BatchWrite`` RPC, how its outcome reaches its caller, and
+which queued writes one request takes.
 
 A caller of :meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit` waits
 for its write: it blocks on a lock held until the write is settled (one lock
@@ -7,18 +8,20 @@ and a waiter lock per wait, and a ``notify_all``). A caller of
 :meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit_then` does not: its
 write carries a continuation, which the thread that sent the batch calls once
 the batch is settled and its slot given back. That continuation must not
-block: it runs on a thread other writes wait for.
+block: it runs on a thread other writes wait for. :func:`next_batch` is which
+queued writes the next request takes.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .base import Version
 
-__all__ = ["QueuedWrite"]
+__all__ = ["QueuedWrite", "next_batch"]
 
 
 class QueuedWrite:
@@ -90,3 +93,35 @@ class QueuedWrite:
             self._unsettled.release()  # every later wait returns at once
             return True
         return False
+
+
+def next_batch(
+    queue: deque[QueuedWrite], busy: set[str], *, max_writes: int, room: int
+) -> tuple[list[QueuedWrite], deque[QueuedWrite]]:
+    """The queued writes one request takes, in queue order, and the queue left behind.
+
+    At most ``max_writes`` writes, of at most ``room`` bytes (:attr:`QueuedWrite.size`),
+    one per document, none to a document in ``busy`` (a batch in flight): two writes to
+    one document could apply in either order. The oldest write that can go is always
+    taken, however big: a write over ``room`` goes alone, and a write left for a later
+    batch keeps its place, its document's later writes behind it.
+    """
+    batch: list[QueuedWrite] = []
+    docs: set[str] = set()
+    held: set[str] = set()  # documents of writes left for a later batch by their size
+    kept: deque[QueuedWrite] = deque()
+    while queue and len(batch) < max_writes:
+        write = queue.popleft()
+        doc = write.doc_path
+        if doc in docs or doc in busy or doc in held:
+            kept.append(write)  # one write per document per batch, in order
+            continue
+        if batch and write.size > room:
+            kept.append(write)  # a later batch; its document's later writes stay behind it
+            held.add(doc)
+            continue
+        room -= write.size
+        docs.add(doc)
+        batch.append(write)
+    kept.extend(queue)
+    return batch, kept

@@ -109,10 +109,13 @@ def _report(settling: list[float], *, done: bool = True) -> dict[str, object]:
 def test_the_cpu_targets_scenarios_run_15_times_the_others_as_often_as_asked() -> None:
     assert parse_args([]).cpu_repeats == 15
     assert parse_args(["--quick"]).cpu_repeats == 0
+    assert parse_args(["--repeats", "3"]).cpu_repeats == 0  # as often as the others
     options = parse_args(
-        ["--scenarios", "stock-eod,wrapped-1,wrapped-3,wrapped-1-memory", "--repeats", "2"]
+        [
+            *("--scenarios", "stock-eod,wrapped-1,wrapped-3,wrapped-1-memory"),
+            *("--repeats", "2", "--cpu-repeats", "15"),
+        ]
     )
-    assert options.cpu_repeats == 15
     order = run_order(options.scenarios, options)
     counts = {name: sum(1 for n, _ in order if n == name) for name in options.scenarios}
     assert counts == {"stock-eod": 15, "wrapped-1": 15, "wrapped-1-memory": 15, "wrapped-3": 2}
@@ -129,9 +132,9 @@ def test_the_cpu_targets_scenarios_run_15_times_the_others_as_often_as_asked() -
 
 
 def test_no_extra_repeats_without_the_cpu_targets_scenarios_or_past_their_count() -> None:
-    fleet = parse_args(["--scenarios", "wrapped-3", "--repeats", "3"])
+    fleet = parse_args(["--scenarios", "wrapped-3", "--repeats", "3", "--cpu-repeats", "9"])
     assert [r for _, r in run_order(fleet.scenarios, fleet) if r > 3] == []
-    stock = parse_args(["--scenarios", "stock-eod-default", "--repeats", "2"])
+    stock = parse_args(["--scenarios", "stock-eod-default", "--repeats", "2", "--cpu-repeats", "9"])
     assert [r for _, r in run_order(stock.scenarios, stock) if r > 2] == []
     fewer = parse_args(["--scenarios", "wrapped-1", "--repeats", "5", "--cpu-repeats", "3"])
     assert max(r for _, r in run_order(fewer.scenarios, fewer)) == 5
