@@ -126,8 +126,10 @@ def run_order(names: Sequence[str], options: Options) -> list[tuple[str, int]]:
         shift = (repeat - 1) % len(names)
         order += [(name, repeat) for name in [*names[shift:], *names[:shift]]]
     wrapped = {name for name in names if name in (*CPU_FIRESTORE, *CPU_MEMORY)}
+    if not wrapped:
+        return order
     compared = [n for n in names if n in wrapped or n in {SCENARIOS[w].baseline for w in wrapped}]
-    for repeat in range(options.repeats + 1, options.cpu_repeats + 1 if compared else 0):
+    for repeat in range(options.repeats + 1, options.cpu_repeats + 1):
         shift = (repeat - 1) % len(compared)
         order += [(name, repeat) for name in [*compared[shift:], *compared[:shift]]]
     return order
