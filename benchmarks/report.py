@@ -270,7 +270,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- Emulators: {emulators}",
         f"- Clients: {clients}; pubsub_worker at {report.get('code', '?')}",
         f"- Per run: a fresh subscription; {options['messages']} messages of 256 bytes "
-        "published first (throughput: first callback to last ack answered, across the "
+        + ("per consumer process " if report.get("backlog_per_process") else "")
+        + "published first (throughput: first callback to last ack answered, across the "
         f"fleet), then, for the scenarios with latency figures, {options['paced']} published "
         f"at {options['rate']:g}/s (latency: publish time to ack answered) and "
         f"{options['lone']} one at a time (lone). Fixed setup: flow control "

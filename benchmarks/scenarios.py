@@ -66,7 +66,8 @@ class Scenario:
     concurrency: int | None = None
     """Flow control ``max_messages`` and threads for ``fixed``; None: ``--concurrency``."""
     processes: int = 1
-    """Consumer processes on the one subscription (the fleet's throughput is measured)."""
+    """Consumer processes on the one subscription (the fleet's throughput is measured); each
+    gets a lone consumer's backlog (:func:`benchmarks.run.scenario_backlog`)."""
     payload_bytes: int | None = None
     """None: the session's payload (256 bytes)."""
     backlog_share: float = 1.0

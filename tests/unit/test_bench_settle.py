@@ -11,9 +11,11 @@ from benchmarks.run import (
     backlog_of,
     parse_args,
     run_order,
+    scenario_backlog,
     settle_emulators,
     settled,
 )
+from benchmarks.scenarios import SCENARIOS
 from benchmarks.targets import CPU_COMPARED
 
 
@@ -56,6 +58,24 @@ def test_the_profile_round_runs_a_backlog_long_enough_to_sample() -> None:
     assert backlog_of(full, PROFILE_ROUND - 1) == 1500  # a settling run
     assert parse_args(["--quick"]).profile_messages == 600
     assert backlog_of(parse_args(["--profile-messages", "2000"]), PROFILE_ROUND) == 2000
+
+
+def test_each_process_of_a_fleet_gets_a_lone_consumers_backlog() -> None:
+    assert scenario_backlog(1500, SCENARIOS["wrapped-1"]) == 1500
+    for name, processes in (("p2", 2), ("p4", 4)):
+        for fleet in (f"stock-eod-{name}", f"wrapped-1-{name}", f"run-{name}"):
+            assert SCENARIOS[fleet].processes == processes
+            assert scenario_backlog(1500, SCENARIOS[fleet]) == 1500 * processes
+    assert scenario_backlog(1500, SCENARIOS["wrapped-1-1m"]) == 150  # its share
+    assert scenario_backlog(20, SCENARIOS["wrapped-1-1m"]) == 10  # never under 10
+
+
+def test_the_report_says_the_backlog_is_per_process_only_for_runs_that_had_it() -> None:
+    per_process = "1500 messages of 256 bytes per consumer process published first"
+    assert per_process in render_markdown({**_report([]), "backlog_per_process": True})
+    earlier = render_markdown(_report([]))  # a run from before: one backlog for the fleet
+    assert per_process not in earlier
+    assert "1500 messages of 256 bytes published first" in earlier
 
 
 def test_the_report_says_how_the_emulators_settled() -> None:
