@@ -21,12 +21,13 @@ A finished message is ``[message_id, start, end, done, publish_wall, done_wall]`
 the callback's start and end and the moment its ack was answered, on the
 machine's monotonic clock (shared by every process, so a fleet's times
 compare), and publish and ack times on the wall clock for latency. For the
-stock EOD callback ``done`` is its end (it awaits the ack); for the wrapper it
-is the ack's answer, which arrives after the callback returned (the wrapper
-sends its ack without waiting: the message keeps its flow-control slot until
-the answer). A plain ``ack()`` without exactly-once has no answer: ``done`` is
-the callback's end. The process exits on ``exit`` or when stdin closes (the
-orchestrator died).
+stock EOD callback ``done`` is its end (it awaits the ack), and so for a
+wrapped callback that awaits its answer (the one added line around it); for a
+job-style handler it is the ack's answer, which arrives after the callback
+returned (the wrapper sends its ack without waiting: the message keeps its
+flow-control slot until the answer). A plain ``ack()`` without exactly-once
+has no answer: ``done`` is the callback's end. The process exits on ``exit``
+or when stdin closes (the orchestrator died).
 """
 
 from __future__ import annotations
@@ -84,11 +85,21 @@ class ConsumerConfig:
 
 
 class _Recorder:
-    """Times each delivery; hands finished ones to the flusher. Thread-safe."""
+    """Times each delivery; hands finished ones to the flusher. Thread-safe.
 
-    def __init__(self) -> None:
+    ``callbacks_end``: every callback's return is reported (:meth:`ended`), so a message
+    answered while its callback still runs (one that awaits its ack's answer, as the
+    unchanged stock callback behind the one added line does) finishes when the callback
+    returns, as the stock EOD callback's does, and its callback time is its thread's.
+    False for ``run()``, whose callback's end is the wrapper's ``before_ack`` hook.
+    """
+
+    def __init__(self, *, callbacks_end: bool = True) -> None:
+        self._callbacks_end = callbacks_end
         self._lock = threading.Lock()  # guards everything below
-        self._open: dict[str, list[float]] = {}  # message id -> [start, end, publish_wall]
+        # message id -> [start, end, publish_wall, answered]: end 0 while the callback runs,
+        # answered 1.0 once the ack was answered before the callback returned
+        self._open: dict[str, list[float]] = {}
         self._finished: list[list[Any]] = []
         self.callbacks = 0
         self.ack_failures = 0
@@ -98,7 +109,7 @@ class _Recorder:
         now = time.monotonic()
         with self._lock:
             self.callbacks += 1
-            self._open[message_id] = [now, 0.0, publish_wall or 0.0]
+            self._open[message_id] = [now, 0.0, publish_wall or 0.0, 0.0]
 
     def noted(self, message: Message) -> None:
         """The publish time, for a path whose callback this module cannot wrap (``run()``)."""
@@ -111,18 +122,29 @@ class _Recorder:
         now = time.monotonic()
         with self._lock:
             entry = self._open.get(message_id)
-            if entry is not None and not entry[1]:
-                entry[1] = now
+            if entry is None or entry[1]:
+                return
+            entry[1] = now
+            if entry[3]:  # answered while the callback ran: done as it returns
+                self._finish(message_id, now, time.time())
 
     def acked(self, message_id: str) -> None:
-        """The ack of ``message_id`` was answered with success: the message is done."""
+        """The ack of ``message_id`` was answered with success: the message is done (once
+        its callback returned, when callbacks report their end)."""
         now, wall = time.monotonic(), time.time()
         with self._lock:
-            entry = self._open.pop(message_id, None)
+            entry = self._open.get(message_id)
             if entry is None:
                 return
-            start, end, publish_wall = entry
-            self._finished.append([message_id, start, end or now, now, publish_wall, wall])
+            if self._callbacks_end and not entry[1]:
+                entry[3] = 1.0
+                return
+            self._finish(message_id, now, wall)
+
+    def _finish(self, message_id: str, done: float, done_wall: float) -> None:
+        """Move an open message to the finished ones; the caller holds the lock."""
+        start, end, publish_wall, _ = self._open.pop(message_id)
+        self._finished.append([message_id, start, end or done, done, publish_wall, done_wall])
 
     def settled(self, message_id: str, outcome: str, answer: str | None) -> None:
         """The wrapper carried an outcome out; only an answered ack finishes the message."""
@@ -233,7 +255,7 @@ class _Consumer:
     def __init__(self, config: ConsumerConfig) -> None:
         self.config = config
         self.scenario: Scenario = SCENARIOS[config.scenario]
-        self.recorder = _Recorder()
+        self.recorder = _Recorder(callbacks_end=self.scenario.kind != "run")
         self.pubsub_counter = RpcCounter()
         self.firestore_counter = RpcCounter()
         host = os.environ["PUBSUB_EMULATOR_HOST"]
@@ -293,8 +315,10 @@ class _Consumer:
 
         def timed(message: Message) -> None:
             recorder.started(message.message_id, message.publish_time.timestamp())
-            wrapped(message)
-            recorder.ended(message.message_id)
+            try:
+                wrapped(message)
+            finally:
+                recorder.ended(message.message_id)
 
         return timed
 
