@@ -27,7 +27,12 @@ the client's dispatcher gathers the acks of 10 ms in one RPC where direct
 acks, answered in a millisecond, would each go alone. So each stream keeps
 a moving average of its direct ``Acknowledge`` round trips: below
 ``slow_after_s`` (5 ms) its acks go the stock way, one in ``PROBE_S`` (2 s)
-excepted to keep the average current.
+excepted to keep the average current. Except an ack whose answer a thread
+waits for (``awaited``: an unchanged stock callback's
+``ack_with_response().result()``): the dispatcher's 10 ms would be that
+thread's, and the callback threads are what limits such a consumer. Those go
+direct on a fast network too, one RPC at a time per stream, the acks that
+come meanwhile joined in the next.
 
 The stock path stays for every message this cannot serve alike: one not
 from a stock client's streaming pull (a push delivery, a test's), one of a
@@ -109,16 +114,21 @@ class Acks:
             max_workers=1, thread_name_prefix="pubsub-worker-acks"
         )
 
-    def send(self, message: Any) -> Answer:
-        """Ack ``message``; the future of its answer, as ``message.ack_with_response()``'s."""
+    def send(self, message: Any, *, awaited: bool = False) -> Answer:
+        """Ack ``message``; the future of its answer, as ``message.ack_with_response()``'s.
+
+        ``awaited``: a thread waits for the answer; on a fast network it goes straight to
+        Pub/Sub too, one RPC at a time per stream (see the module's doc).
+        """
         stream = self._stream_of(message)
         if stream is None:
             return message.ack_with_response()  # type: ignore[no-any-return]
         answer: Answer = concurrent.futures.Future()
         with self._lock:
-            if not self._direct or not self._due(stream):
+            due = self._due(stream)
+            if not self._direct or not (awaited or due):
                 batch = None
-            elif stream.sending < self._max_in_flight:
+            elif stream.sending < (self._max_in_flight if due else 1):
                 stream.sending += 1
                 self._in_flight += 1
                 batch = [(message, answer)]

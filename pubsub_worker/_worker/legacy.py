@@ -115,8 +115,9 @@ class MessageProxy:
         the ack's own error when Pub/Sub refused it, ``OTHER`` when the completion
         could not be written now (the message comes back and finds what was done).
         """
+        settled = self._flow.settled  # asked before the ack: an awaited ack is sent at once
         self.ack()
-        return _answer(self._flow.settled, _FINE_ACK, "acked")
+        return _answer(settled, _FINE_ACK, "acked")
 
     def nack_with_response(self) -> AckFuture:
         """:meth:`nack`; ``SUCCESS`` once the release is durable and the message nacked.

@@ -60,6 +60,11 @@ class SettledAnswer:
         if future is not None:
             future.set_result(value)
 
+    @property
+    def asked(self) -> bool:
+        """Someone asked for the settlement's future, and so may be waiting for it."""
+        return self._future is not None
+
     def future(self) -> concurrent.futures.Future[Settled]:
         """Resolves with the settlement (at once if it came before)."""
         with self._lock:
@@ -127,6 +132,7 @@ def settle(
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
     on_ack: AckObserver | None = None,
     acks: Acks | None = None,
+    awaited: bool = False,
 ) -> None:
     """Carry a final outcome out on Pub/Sub: the only code that acks, nacks, defers or drops.
 
@@ -137,12 +143,14 @@ def settle(
     exactly-once delivery an ``INVALID_ACK_ID`` answer loses nothing (the
     next delivery sees the record and acks); it is counted as ``acks_lost``.
     ``acks`` sends it, where it can, straight to Pub/Sub (:mod:`~pubsub_worker._delivery.acks`);
-    without, the message's own ``ack_with_response()`` does.
+    without, the message's own ``ack_with_response()`` does. ``awaited``: someone waits for
+    the ack's answer (a callback's ``ack_with_response().result()``), so ``acks`` sends it
+    straight away on a fast network too.
     """
     outcome = decision.outcome
     early = _EARLY.pop(id(message), None) if _EARLY else None  # sent by ack_early
     if outcome.acks:
-        _ack(message, metrics, log, on_ack, early if early is not None else acks)
+        _ack(message, metrics, log, on_ack, early if early is not None else acks, awaited=awaited)
     elif outcome is Outcome.DROP:
         message.drop()
     elif decision.delay_s > 0:
@@ -159,6 +167,8 @@ def _ack(
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
     on_ack: AckObserver | None,
     sent: concurrent.futures.Future[Any] | Acks | None = None,
+    *,
+    awaited: bool = False,
 ) -> None:
     def answered(future: concurrent.futures.Future[Any]) -> None:
         answer = "SUCCESS"
@@ -183,7 +193,11 @@ def _ack(
         if isinstance(sent, concurrent.futures.Future):
             future = sent  # sent early (the durable-ack fence off in a test)
         else:
-            future = sent.send(message) if sent is not None else message.ack_with_response()
+            future = (
+                sent.send(message, awaited=awaited)
+                if sent is not None
+                else message.ack_with_response()
+            )
     except Exception as exc:  # noqa: BLE001 - an ack error never fails a durable job
         failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
         failed.set_exception(exc)
@@ -252,7 +266,15 @@ def settle_delivery(
 
     published, arrival = order
     note_order(rt.ordering, message, decision, published=published, arrival=arrival)
-    settle(decision, message, metrics=rt.metrics, log=log, on_ack=acked, acks=rt.acks)
+    settle(
+        decision,
+        message,
+        metrics=rt.metrics,
+        log=log,
+        on_ack=acked,
+        acks=rt.acks,
+        awaited=answer.asked,
+    )
     if not decision.outcome.acks:
         hooks.settled(message_id, decision.outcome.value, None)
         answer.set(Settled(decision))

@@ -18,6 +18,7 @@ from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 import pytest
+from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeStatus
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 import pubsub_worker
@@ -45,7 +46,7 @@ class _Sent:
     as a whole or transiently (a loaded emulator does, now and then: the client's path
     and its retries take the ack then, as in production)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, fast_network: bool = False) -> None:
         self._lock = threading.Lock()  # guards rpcs, stock, fallback and dropped
         self.rpcs: list[int] = []
         self.stock = 0
@@ -80,8 +81,11 @@ class _Sent:
                 self.dropped += 1
             drop(message)
 
-        # The emulator answers in a millisecond: count every round trip as long.
-        monkeypatch.setattr(acks, "SLOW_AFTER_S", 0.0)
+        if fast_network:  # every round trip counts as short, no probe: acks go the stock way
+            monkeypatch.setattr(acks, "SLOW_AFTER_S", float("inf"))
+            monkeypatch.setattr(acks, "PROBE_S", float("inf"))
+        else:  # the emulator answers in a millisecond: count every round trip as long
+            monkeypatch.setattr(acks, "SLOW_AFTER_S", 0.0)
         monkeypatch.setattr(Acks, "_send", counted)
         monkeypatch.setattr(acks, "_settle", settling)
         monkeypatch.setattr(Message, "ack_with_response", stock)
@@ -130,6 +134,43 @@ def test_one_message_at_a_time_every_message_is_acked_directly_and_none_comes_ba
     assert sent.stock == 0
     # out of the client's lease management once answered (by the client's own ack if refused)
     assert sent.dropped == len(keys) - sent.fallback
+    assert_not_redelivered(
+        subscriber, eod_subscription.subscription_path, lease_s=settings.lease_seconds
+    )
+
+
+def test_an_unchanged_stock_callback_awaiting_its_ack_has_it_sent_directly_on_a_fast_network(
+    monkeypatch: pytest.MonkeyPatch,
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    eod_subscription: SubscriptionHandle,
+    settings_for: Callable[..., pubsub_worker.Settings],
+) -> None:
+    """Round trips count as short, where acks go the stock way (all but the first, sent
+    before a round trip is known), but a thread waiting in ``ack_with_response().result()``
+    does not wait for the dispatcher's batch: every ack goes straight to Pub/Sub, each
+    answered ``SUCCESS``, nothing comes back."""
+    settings = settings_for(eod_subscription, key_attribute="op")
+    hooks, work, sent = Recorder(), Tally(), _Sent(monkeypatch, fast_network=True)
+    answers: list[Any] = []
+
+    def callback(message: Any) -> None:  # as written before the one added line
+        work.add(message.attributes["op"])
+        answers.append(message.ack_with_response().result(timeout=30))
+
+    wrapped = pubsub_worker.exactly_once(callback, settings=settings, hooks=hooks)
+    keys = [f"job-{n}" for n in range(6)]
+    flow = lease_flow(settings, max_messages=1)
+    with consuming(wrapped, settings, "subscribe", flow_control=flow):
+        ids = publish_keys(publisher, eod_subscription.topic_path, keys)
+        assert wait_until(lambda: hooks.answered(ids)), hooks.snapshot()
+
+    assert work.as_dict() == dict.fromkeys(keys, 1)
+    assert states(firestore_client, settings, keys) == dict.fromkeys(keys, ("completed", 1, 1))
+    assert answers == [AcknowledgeStatus.SUCCESS] * len(keys)
+    assert sent.acks() == len(keys)  # every one straight to Pub/Sub, none through the client
+    assert sent.stock == 0
     assert_not_redelivered(
         subscriber, eod_subscription.subscription_path, lease_s=settings.lease_seconds
     )

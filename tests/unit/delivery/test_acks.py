@@ -351,6 +351,34 @@ def test_on_a_fast_network_acks_go_the_stock_way_but_for_a_probe_now_and_then() 
         sender.close()
 
 
+def test_on_a_fast_network_an_awaited_ack_goes_direct_one_rpc_at_a_time() -> None:
+    """A thread waits for its answer: the dispatcher's 10 ms would be that thread's wait."""
+    clock = _Clock()
+    sender = Acks(slow_after_s=0.005, clock=clock)
+    try:
+        manager = _Manager()
+        first = _Message(manager, 0)
+        sender.send(first)
+        clock.now += 0.001
+        manager.calls[0].answer()  # answered in 1 ms: a fast network
+        _wait(lambda: first.dropped == 1)
+        plain = _Message(manager, 1)
+        assert sender.send(plain) is plain.stock_answer  # nobody waits: the stock way
+        awaited = [_Message(manager, n) for n in (2, 3, 4)]
+        answers = [sender.send(message, awaited=True) for message in awaited]
+        assert not any(a is m.stock_answer for a, m in zip(answers, awaited, strict=True))
+        assert [call.ack_ids for call in manager.calls] == [["ack-0"], ["ack-2"]]
+        manager.calls[1].answer()
+        _wait(lambda: len(manager.calls) == 3)
+        assert manager.calls[2].ack_ids == ["ack-3", "ack-4"]  # those that came meanwhile
+        manager.calls[2].answer()
+        _wait(lambda: all(message.dropped == 1 for message in awaited))
+        assert [a.result(WAIT_S) for a in answers] == [AcknowledgeStatus.SUCCESS] * 3
+        assert plain.dropped == 0  # the stock path's own ack keeps it
+    finally:
+        sender.close()
+
+
 def test_stop_times_out_while_an_rpc_is_unanswered(acks: Acks) -> None:
     manager = _Manager()
     acks.send(_Message(manager, 1))
