@@ -132,18 +132,20 @@ def run_order(names: Sequence[str], options: Options) -> list[tuple[str, int]]:
     baselines (:data:`~benchmarks.targets.CPU_COMPARED`), again, rotated alike, up to
     ``cpu_repeats`` in all.
     """
-    order: list[tuple[str, int]] = []
-    for repeat in range(1, options.repeats + 1):
-        shift = (repeat - 1) % len(names)
-        order += [(name, repeat) for name in [*names[shift:], *names[:shift]]]
+
+    def rotated(these: Sequence[str], repeats: range) -> list[tuple[str, int]]:
+        runs: list[tuple[str, int]] = []
+        for repeat in repeats:
+            shift = (repeat - 1) % len(these)
+            runs += [(name, repeat) for name in [*these[shift:], *these[:shift]]]
+        return runs
+
+    order = rotated(names, range(1, options.repeats + 1))
     wrapped = {name for name in names if name in (*CPU_FIRESTORE, *CPU_MEMORY)}
     if not wrapped:
         return order
     compared = [n for n in names if n in wrapped or n in {SCENARIOS[w].baseline for w in wrapped}]
-    for repeat in range(options.repeats + 1, options.cpu_repeats + 1):
-        shift = (repeat - 1) % len(compared)
-        order += [(name, repeat) for name in [*compared[shift:], *compared[:shift]]]
-    return order
+    return order + rotated(compared, range(options.repeats + 1, options.cpu_repeats + 1))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
