@@ -108,6 +108,8 @@ class Acks:
         self._streams: weakref.WeakKeyDictionary[Any, _Stream | None] = (
             weakref.WeakKeyDictionary()
         )  # None: a manager whose acks go the stock way
+        self._last: tuple[weakref.ReferenceType[Any], _Stream | None] | None = None
+        """The manager looked up last, weakly, and its stream: most workers have one."""
         self._in_flight = 0  # RPCs, over every stream
         self._direct = True
         self._answers = concurrent.futures.ThreadPoolExecutor(
@@ -123,19 +125,20 @@ class Acks:
         stream = self._stream_of(message)
         if stream is None:
             return message.ack_with_response()  # type: ignore[no-any-return]
-        answer: Answer = concurrent.futures.Future()
         with self._lock:
             due = self._due(stream)
             if not self._direct or not (awaited or due):
                 batch = None
-            elif stream.sending < (self._max_in_flight if due else 1):
-                stream.sending += 1
-                self._in_flight += 1
-                batch = [(message, answer)]
             else:
-                stream.queue.append((message, answer))
-                return answer
-        if batch is None:
+                answer: Answer = concurrent.futures.Future()
+                if stream.sending < (self._max_in_flight if due else 1):
+                    stream.sending += 1
+                    self._in_flight += 1
+                    batch = [(message, answer)]
+                else:
+                    stream.queue.append((message, answer))
+                    return answer
+        if batch is None:  # the stock way: the client's own future, no second one made
             return message.ack_with_response()  # type: ignore[no-any-return]
         self._send(stream, batch)
         return answer
@@ -167,9 +170,18 @@ class Acks:
 
     def _stream_of(self, message: Any) -> _Stream | None:
         """The stream ``message`` came from, when its acks can go straight to Pub/Sub."""
-        manager = manager_of(message)
-        if manager is None or getattr(message, "opentelemetry_data", None):
+        query = getattr(message, "_exactly_once_delivery_enabled_func", None)
+        manager = getattr(query, "__self__", None)  # manager_of(message), its query kept
+        if query is None or manager is None or getattr(message, "opentelemetry_data", None):
             return None
+        last = self._last  # the one manager of a worker, seen already: no lock, no lookup
+        stream = last[1] if last is not None and last[0]() is manager else self._known(manager)
+        if stream is None or not query() or not stream.active():
+            return None  # without exactly-once delivery the stream carries the acks; closing:
+        return stream  # the client's dispatcher sends its queued acks before the stream ends
+
+    def _known(self, manager: Any) -> _Stream | None:
+        """The stream of ``manager``, made the first time it is seen, and remembered as last."""
         with self._lock:
             try:
                 known = manager in self._streams
@@ -180,10 +192,8 @@ class Acks:
             stream = _Stream.of(manager)
             with self._lock:
                 self._streams[manager] = stream
-        exactly_once = message._exactly_once_delivery_enabled_func()
-        if stream is None or not exactly_once or not stream.active():
-            return None  # without exactly-once delivery the stream carries the acks; closing:
-        return stream  # the client's dispatcher sends its queued acks before the stream ends
+        self._last = (weakref.ref(manager), stream)
+        return stream
 
     def _send(self, stream: _Stream, batch: list[_Pending]) -> None:
         request = AcknowledgeRequest(

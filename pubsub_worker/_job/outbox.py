@@ -15,18 +15,19 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pubsub_worker._attributes import LIBRARY_ATTRIBUTE_PREFIX, STEP_ATTRIBUTE
-from pubsub_worker._support.clients import Publish
 from pubsub_worker._support.limits import MAX_ATTRIBUTE_VALUE_BYTES, check_message
-from pubsub_worker._support.metrics import Counter, Metrics
+from pubsub_worker._support.metrics import Counter
 from pubsub_worker.errors import LimitExceeded, OutboxUnsent
-from pubsub_worker.hooks import Hooks
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import OutboxEntry
 
 from .records import unencodable_at
+
+if TYPE_CHECKING:
+    from .context import JobContext
 
 __all__ = [
     "MAX_OUTBOX_DATA_BYTES",
@@ -159,20 +160,10 @@ class Outbox:
     """A job's committed entries not yet published, and the loop that publishes them."""
 
     def __init__(
-        self,
-        entries: list[OutboxEntry],
-        *,
-        publish: Publish,
-        timeout_s: float,
-        metrics: Metrics,
-        hooks: Hooks,
-        log: logging.LoggerAdapter[logging.Logger],
+        self, entries: list[OutboxEntry], context: JobContext, log: logging.LoggerAdapter[Any]
     ) -> None:
         self._unsent = list(entries)
-        self._publish = publish
-        self._timeout_s = timeout_s
-        self._metrics = metrics
-        self._hooks = hooks
+        self._ctx = context
         self._log = log
 
     @property
@@ -199,20 +190,20 @@ class Outbox:
         while self._unsent:
             entry = self._unsent[0]
             before_each()
-            self._hooks.before_publish(key, entry.step, entry.id)
+            self._ctx.hooks.before_publish(key, entry.step, entry.id)
             try:
-                future = self._publish(entry.topic, entry.data, entry.attributes)
-                message_id = future.result(timeout=self._timeout_s)
+                future = self._ctx.publish(entry.topic, entry.data, entry.attributes)
+                message_id = future.result(timeout=self._ctx.io_timeout_s)
             except Exception as exc:
-                self._metrics.inc(Counter.OUTBOX_ERRORS)
+                self._ctx.metrics.inc(Counter.OUTBOX_ERRORS)
                 raise OutboxUnsent(
                     f"outbox entry of step {entry.step!r} to {entry.topic} not published: {exc}"
                 ) from exc
-            self._metrics.inc(Counter.OUTBOX_PUBLISHED)
+            self._ctx.metrics.inc(Counter.OUTBOX_PUBLISHED)
             self._log.info(
                 "published outbox entry of step %r to %s as %s", entry.step, entry.topic, message_id
             )
-            self._hooks.after_publish(key, entry.step, entry.id)
+            self._ctx.hooks.after_publish(key, entry.step, entry.id)
             sent(entry)
             self._unsent.pop(0)
 

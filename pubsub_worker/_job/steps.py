@@ -87,14 +87,8 @@ class JobCore(JobOwnership):
         )
         self._trace = trace
         self._steps: dict[str, str] = {name: r.result for name, r in record.steps.items()}
-        self._outbox = Outbox(
-            unsent(record.outbox),
-            publish=context.publish,
-            timeout_s=context.io_timeout_s,
-            metrics=context.metrics,
-            hooks=context.hooks,
-            log=log,
-        )
+        pending = unsent(record.outbox) if record.outbox else None  # most jobs never publish
+        self._outbox = Outbox(pending, context, log) if pending else None
         self._budget = Budget(record)
         self._current_step: str | None = None
         self._step_outbox: list[Outgoing] = []
@@ -244,7 +238,13 @@ class JobCore(JobOwnership):
     @property
     def unsent_count(self) -> int:
         """Committed outbox entries not published yet."""
-        return self._outbox.pending
+        return self._outbox.pending if self._outbox is not None else 0
+
+    def _committed(self, entries: list[OutboxEntry]) -> None:
+        """Entries whose commit is durable: published by :meth:`publish_unsent`."""
+        if self._outbox is None:
+            self._outbox = Outbox([], self._ctx, self._log)
+        self._outbox.add(entries)
 
     def enter_step(self, name: str) -> None:
         """From now on, :meth:`publish` queues messages for step ``name``."""
@@ -283,7 +283,7 @@ class JobCore(JobOwnership):
         self._doc.write()
         if staged.entries:
             self._ctx.hooks.after_commit(self.key, name)
-            self._outbox.add(staged.entries)
+            self._committed(staged.entries)
             self._try_publish_unsent()
 
     def transaction_parts(self, name: str) -> TransactionParts:
@@ -299,7 +299,8 @@ class JobCore(JobOwnership):
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._ctx.hooks.after_commit(self.key, parts.name)
         self._progress()
-        self._outbox.add(parts.committed)
+        if parts.committed:
+            self._committed(parts.committed)
         self._try_publish_unsent()
         return json.loads(parts.result)
 
@@ -330,7 +331,8 @@ class JobCore(JobOwnership):
 
     def publish_unsent(self) -> None:
         """Publish every committed, unsent outbox entry; :class:`OutboxUnsent` if one fails."""
-        self._outbox.send(self.key, before_each=self._check_owner, sent=self._mark_sent)
+        if self._outbox is not None:
+            self._outbox.send(self.key, before_each=self._check_owner, sent=self._mark_sent)
 
     def _mark_sent(self, entry: OutboxEntry) -> None:
         self._doc.stage({(s.OUTBOX, entry.id, "sent"): True})

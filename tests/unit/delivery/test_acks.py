@@ -379,6 +379,22 @@ def test_on_a_fast_network_an_awaited_ack_goes_direct_one_rpc_at_a_time() -> Non
         sender.close()
 
 
+def test_acks_of_two_streams_in_turn_each_go_to_their_own_stream(acks: Acks) -> None:
+    """The stream looked up last is remembered; a message of another stream is not sent on it."""
+    first, second = _Manager(), _Manager()
+    second._subscription = SUB  # the same subscription, another stream and client
+    stock = _Manager(exactly_once=False)
+    messages = [_Message(m, n) for n, m in enumerate((first, second, first, stock, second))]
+    for message in messages:
+        acks.send(message)
+    assert [c.ack_ids for c in first.calls] == [["ack-0"], ["ack-2"]]
+    assert [c.ack_ids for c in second.calls] == [["ack-1"], ["ack-4"]]
+    assert stock.calls == [] and messages[3].stock_acks == 1  # no exactly-once: the stock way
+    for call in (*first.calls, *second.calls):
+        call.answer()
+    _wait(lambda: all(m.dropped == 1 for n, m in enumerate(messages) if n != 3))
+
+
 def test_stop_times_out_while_an_rpc_is_unanswered(acks: Acks) -> None:
     manager = _Manager()
     acks.send(_Message(manager, 1))
