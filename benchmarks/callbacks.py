@@ -1,0 +1,239 @@
+"""The callback threads' CPU per message on the real path: the emulator's Pub/Sub, 10 in flight.
+
+``python -m benchmarks.callbacks`` publishes ``--messages`` messages to a fresh
+exactly-once subscription of the Pub/Sub emulator, then consumes them with a
+stock subscriber at ``--in-flight`` messages (``FlowControl(max_messages=N)``
+and a ``ThreadScheduler`` of N threads), once with the stock exactly-once
+callback (``message.ack_with_response().result()``) and once with the wrapper
+around a one-step handler on the in-memory store, alternately for ``--rounds``
+rounds. Each callback's thread CPU is taken around it (``time.thread_time()``),
+and the process's over the whole consumption: what the wrapper's Python costs
+the callback threads when they take turns, as the consumers of the full run's
+``wrapped-1-memory`` scenario do, which :mod:`benchmarks.inprocess` cannot
+show (its fake messages come from no stream: the acks' path on a stock
+client's stream is not taken). ``--profile`` runs one more round of each side
+with a ``cProfile`` per callback thread and prints the Python calls per
+message: a count that does not move with the host's speed, where CPU figures
+need repeats (``docs/benchmarks.md``, fourteenth pass). It uses the emulator
+named by ``PUBSUB_EMULATOR_HOST``, or starts one. Nothing here is a test or a
+target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
+
+from pubsub_worker import ExactlyOnce, Job, Settings
+from pubsub_worker.stores import MemoryJobStore
+
+__all__ = ["Consumed", "consume", "main"]
+
+Side = Literal["stock", "wrapped"]
+_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One side's consumption of the messages: CPU per message, and calls if profiled."""
+
+    side: Side
+    callbacks_ms: float
+    """The callback threads' CPU per message, taken around each callback."""
+    process_ms: float
+    """The process's CPU per message over the consumption (the client's threads too)."""
+    calls: float | None
+    """Python calls per message on the callback threads (``--profile``), else None."""
+
+
+def _stock(message: Any) -> None:
+    message.ack_with_response().result(timeout=_TIMEOUT_S)
+
+
+def _handler(message: Any, job: Job) -> None:
+    job.step("fetch", lambda: len(message.data))
+
+
+class _Profiles:
+    """A ``cProfile.Profile`` per callback thread, merged at the end."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.all: list[cProfile.Profile] = []
+
+    def mine(self) -> cProfile.Profile:
+        profile: cProfile.Profile | None = getattr(self._local, "profile", None)
+        if profile is None:
+            profile = self._local.profile = cProfile.Profile()
+            with self._lock:
+                self.all.append(profile)
+        return profile
+
+    def calls(self) -> int:
+        merged = pstats.Stats(self.all[0])
+        for profile in self.all[1:]:
+            merged.add(profile)
+        return int(merged.total_calls)  # type: ignore[attr-defined]
+
+
+def consume(
+    side: Side,
+    *,
+    subscription: str,
+    messages: int,
+    in_flight: int,
+    subscriber: Any,
+    profile: bool = False,
+) -> Consumed:
+    """Consume ``messages`` already published to ``subscription`` with one side's callback."""
+    inner: Callable[[Any], None] = _stock
+    if side == "wrapped":
+        project = subscription.split("/")[1]
+        inner = ExactlyOnce(
+            _handler,
+            settings=Settings(subscription=subscription, project=project, collection="callbacks"),
+            store=MemoryJobStore(),
+            subscriber=subscriber,
+        )
+        inner.start()
+    profiles = _Profiles() if profile else None
+    done = threading.Semaphore(0)
+    lock = threading.Lock()
+    spent = [0.0]
+
+    def callback(message: Any) -> None:
+        started = time.thread_time()
+        profiler = profiles.mine() if profiles is not None else None
+        if profiler is not None:
+            profiler.enable()
+        try:
+            inner(message)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+            used = time.thread_time() - started
+            with lock:
+                spent[0] += used
+            done.release()
+
+    executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="callbacks")
+    process = time.process_time()
+    future = subscriber.subscribe(
+        subscription,
+        callback=callback,
+        flow_control=pubsub_v1.types.FlowControl(max_messages=in_flight),
+        scheduler=ThreadScheduler(executor),
+    )
+    try:
+        for _ in range(messages):
+            if not done.acquire(timeout=_TIMEOUT_S):
+                raise RuntimeError(f"{side}: a message was not consumed in {_TIMEOUT_S:.0f} s")
+        process = time.process_time() - process
+    finally:
+        future.cancel()
+        future.result(timeout=_TIMEOUT_S)
+        executor.shutdown(wait=True)
+    return Consumed(
+        side,
+        spent[0] / messages * 1000,
+        process / messages * 1000,
+        profiles.calls() / messages if profiles is not None else None,
+    )
+
+
+@contextmanager
+def _emulator() -> Iterator[str]:
+    """The Pub/Sub emulator's project: the one named by the environment, or one started here."""
+    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+        yield os.environ.get("GOOGLE_CLOUD_PROJECT", "bench")
+        return
+    from emulator import start_emulators  # noqa: PLC0415
+
+    with start_emulators(firestore=False) as emulators:
+        emulators.export_env()
+        yield emulators.project
+
+
+def _round(side: Side, args: argparse.Namespace, project: str, *, profile: bool) -> Consumed:
+    from emulator import create_subscription, delete_subscription  # noqa: PLC0415
+
+    publisher = pubsub_v1.PublisherClient()
+    subscriber = pubsub_v1.SubscriberClient()
+    handle = create_subscription(
+        project=project, publisher=publisher, subscriber=subscriber, ack_deadline_seconds=60
+    )
+    try:
+        run = uuid.uuid4().hex[:8]
+        published = [
+            publisher.publish(handle.topic_path, b"x" * 256, job=f"{run}-{n}")
+            for n in range(args.messages)
+        ]
+        for sent in published:
+            sent.result(timeout=_TIMEOUT_S)
+        return consume(
+            side,
+            subscription=handle.subscription_path,
+            messages=args.messages,
+            in_flight=args.in_flight,
+            subscriber=subscriber,
+            profile=profile,
+        )
+    finally:
+        delete_subscription(handle, publisher=publisher, subscriber=subscriber)
+        subscriber.close()
+        publisher.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.callbacks", description=__doc__)
+    parser.add_argument("--messages", type=int, default=4000)
+    parser.add_argument("--in-flight", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    if args.messages < 1 or args.in_flight < 1 or args.rounds < 1:
+        parser.error("--messages, --in-flight and --rounds must be at least 1")
+    sides: tuple[Side, ...] = ("stock", "wrapped")
+    runs: dict[Side, list[Consumed]] = {side: [] for side in sides}
+    with _emulator() as project:
+        for number in range(1, args.rounds + 1):
+            for side in sides if number % 2 else sides[::-1]:
+                run = _round(side, args, project, profile=False)
+                runs[side].append(run)
+                print(
+                    f"[{number}/{args.rounds}] {side:7}  callback threads "
+                    f"{run.callbacks_ms:.3f} ms/msg, process {run.process_ms:.3f} ms/msg",
+                    flush=True,
+                )
+        for side in sides:
+            callbacks = statistics.median(r.callbacks_ms for r in runs[side])
+            process = statistics.median(r.process_ms for r in runs[side])
+            print(
+                f"{side}: callback threads {callbacks:.3f} ms/msg, process {process:.3f} ms/msg "
+                f"(medians of {args.rounds} runs of {args.messages} messages, "
+                f"{args.in_flight} in flight)"
+            )
+        if args.profile:
+            for side in sides:
+                calls = _round(side, args, project, profile=True).calls
+                print(f"{side}: {calls:.0f} Python calls a message on the callback threads")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""``python -m benchmarks.callbacks``: both callbacks consume a real stream of the emulator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks import callbacks
+from emulator.pytest_plugin import MakeSubscription
+
+
+def _published(make_subscription: MakeSubscription, publisher: Any, messages: int) -> str:
+    handle = make_subscription(exactly_once=True, ack_deadline_seconds=60)
+    sent = [publisher.publish(handle.topic_path, b"x" * 64, job=f"k{n}") for n in range(messages)]
+    for future in sent:
+        future.result(timeout=30)
+    return str(handle.subscription_path)
+
+
+def test_each_side_consumes_every_message_and_its_callback_threads_cpu_is_taken(
+    make_subscription: MakeSubscription, publisher: Any, subscriber: Any
+) -> None:
+    stock = callbacks.consume(
+        "stock",
+        subscription=_published(make_subscription, publisher, 30),
+        messages=30,
+        in_flight=4,
+        subscriber=subscriber,
+    )
+    wrapped = callbacks.consume(
+        "wrapped",
+        subscription=_published(make_subscription, publisher, 30),
+        messages=30,
+        in_flight=4,
+        subscriber=subscriber,
+        profile=True,
+    )
+    assert stock.calls is None  # not profiled
+    assert stock.callbacks_ms > 0
+    assert stock.process_ms >= stock.callbacks_ms > 0
+    assert wrapped.process_ms >= wrapped.callbacks_ms > 0
+    # the wrapper's delivery is hundreds of calls; a profile that saw no callback would count 0
+    assert wrapped.calls is not None
+    assert wrapped.calls > 100
+
+
+def test_a_message_never_consumed_is_an_error_not_a_hang(
+    make_subscription: MakeSubscription, publisher: Any, subscriber: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(callbacks, "_TIMEOUT_S", 3.0)
+    subscription = _published(make_subscription, publisher, 2)
+    with pytest.raises(RuntimeError, match="not consumed"):
+        callbacks.consume(
+            "stock", subscription=subscription, messages=3, in_flight=2, subscriber=subscriber
+        )
+
+
+def test_counts_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        callbacks.main(["--rounds", "0"])
+    assert "must be at least 1" in capsys.readouterr().err
