@@ -101,16 +101,17 @@ def consume(
     profile: bool = False,
 ) -> Consumed:
     """Consume ``messages`` already published to ``subscription`` with one side's callback."""
-    inner: Callable[[Any], None] = _stock
+    wrapped: ExactlyOnce | None = None
     if side == "wrapped":
         project = subscription.split("/")[1]
-        inner = ExactlyOnce(
+        wrapped = ExactlyOnce(
             _handler,
             settings=Settings(subscription=subscription, project=project, collection="callbacks"),
             store=MemoryJobStore(),
             subscriber=subscriber,
         )
-        inner.start()
+        wrapped.start()
+    inner: Callable[[Any], None] = _stock if wrapped is None else wrapped
     profiles = _Profiles() if profile else None
     done = threading.Semaphore(0)
     lock = threading.Lock()
@@ -143,11 +144,15 @@ def consume(
         for _ in range(messages):
             if not done.acquire(timeout=_TIMEOUT_S):
                 raise RuntimeError(f"{side}: a message was not consumed in {_TIMEOUT_S:.0f} s")
+        if wrapped is not None:  # its last acks sent before the stream closes, as run() does
+            wrapped.drain(_TIMEOUT_S)
         process = time.process_time() - process
     finally:
         future.cancel()
         future.result(timeout=_TIMEOUT_S)
         executor.shutdown(wait=True)
+        if wrapped is not None:
+            wrapped.close()  # its lease keeper and acks' thread, not left to the next round
     return Consumed(
         side,
         spent[0] / messages * 1000,
