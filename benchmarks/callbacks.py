@@ -6,9 +6,13 @@ stock subscriber at ``--in-flight`` messages (``FlowControl(max_messages=N)``
 and a ``ThreadScheduler`` of N threads), once with the stock exactly-once
 callback (``message.ack_with_response().result()``) and once with the wrapper
 around a one-step handler on the in-memory store, alternately for ``--rounds``
-rounds. Each callback's thread CPU is taken around it (``time.thread_time()``),
-and the process's over the whole consumption: what the wrapper's Python costs
-the callback threads when they take turns, as the consumers of the full run's
+rounds (``--threads N``: N callback threads instead, as the client's defaults
+admit 1,000 messages for 10; ``--lean``: and the lean prototype of one object
+per delivery, :class:`benchmarks.lean.LeanDelivery`, on a started wrapper's
+parts, what a redesign could save on the real path). Each callback's thread
+CPU is taken around it (``time.thread_time()``), and the process's over the
+whole consumption: what the wrapper's Python costs the callback threads when
+they take turns, as the consumers of the full run's
 ``wrapped-1-memory`` scenario do, which :mod:`benchmarks.inprocess` cannot
 show (its fake messages come from no stream: the acks' path on a stock
 client's stream is not taken). ``--profile`` runs one more round of each side
@@ -38,12 +42,13 @@ from typing import Any, Literal
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
+from benchmarks.lean import LeanDelivery, runtime_of
 from pubsub_worker import ExactlyOnce, Job, Settings
 from pubsub_worker.stores import MemoryJobStore
 
 __all__ = ["Consumed", "consume", "main"]
 
-Side = Literal["stock", "wrapped"]
+Side = Literal["stock", "wrapped", "lean"]
 _TIMEOUT_S = 120.0
 
 
@@ -98,11 +103,14 @@ def consume(
     messages: int,
     in_flight: int,
     subscriber: Any,
+    threads: int | None = None,
     profile: bool = False,
 ) -> Consumed:
-    """Consume ``messages`` already published to ``subscription`` with one side's callback."""
+    """Consume ``messages`` already published to ``subscription`` with one side's callback,
+    ``in_flight`` admitted at once by flow control, on ``threads`` callback threads (default:
+    as many as in flight)."""
     wrapped: ExactlyOnce | None = None
-    if side == "wrapped":
+    if side != "stock":
         project = subscription.split("/")[1]
         wrapped = ExactlyOnce(
             _handler,
@@ -112,6 +120,8 @@ def consume(
         )
         wrapped.start()
     inner: Callable[[Any], None] = _stock if wrapped is None else wrapped
+    if side == "lean" and wrapped is not None:  # it raises what it cannot do: the stream ends
+        inner = LeanDelivery(runtime_of(wrapped))
     profiles = _Profiles() if profile else None
     done = threading.Semaphore(0)
     lock = threading.Lock()
@@ -132,7 +142,7 @@ def consume(
                 spent[0] += used
             done.release()
 
-    executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="callbacks")
+    executor = ThreadPoolExecutor(max_workers=threads or in_flight, thread_name_prefix="callbacks")
     process = time.process_time()
     future = subscriber.subscribe(
         subscription,
@@ -196,6 +206,7 @@ def _round(side: Side, args: argparse.Namespace, project: str, *, profile: bool)
             messages=args.messages,
             in_flight=args.in_flight,
             subscriber=subscriber,
+            threads=args.threads,
             profile=profile,
         )
     finally:
@@ -208,12 +219,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.callbacks", description=__doc__)
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--in-flight", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lean", action="store_true")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
-    if args.messages < 1 or args.in_flight < 1 or args.rounds < 1:
-        parser.error("--messages, --in-flight and --rounds must be at least 1")
-    sides: tuple[Side, ...] = ("stock", "wrapped")
+    if min(args.messages, args.in_flight, args.rounds, args.threads or 1) < 1:
+        parser.error("--messages, --in-flight, --threads and --rounds must be at least 1")
+    sides: tuple[Side, ...] = ("stock", "wrapped", "lean") if args.lean else ("stock", "wrapped")
     runs: dict[Side, list[Consumed]] = {side: [] for side in sides}
     with _emulator() as project:
         for number in range(1, args.rounds + 1):
@@ -231,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"{side}: callback threads {callbacks:.3f} ms/msg, process {process:.3f} ms/msg "
                 f"(medians of {args.rounds} runs of {args.messages} messages, "
-                f"{args.in_flight} in flight)"
+                f"{args.in_flight} in flight, {args.threads or args.in_flight} threads)"
             )
         if args.profile:
             for side in sides:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from benchmarks import callbacks
+from benchmarks.lean import LeanDelivery
 from emulator.pytest_plugin import MakeSubscription
 
 
@@ -43,6 +44,40 @@ def test_each_side_consumes_every_message_and_its_callback_threads_cpu_is_taken(
     # the wrapper's delivery is hundreds of calls; a profile that saw no callback would count 0
     assert wrapped.calls is not None
     assert wrapped.calls > 100
+
+
+def test_the_lean_prototype_completes_every_message_on_fewer_threads_than_in_flight(
+    make_subscription: MakeSubscription, publisher: Any, subscriber: Any
+) -> None:
+    lean = callbacks.consume(
+        "lean",
+        subscription=_published(make_subscription, publisher, 20),
+        messages=20,
+        in_flight=8,
+        threads=2,
+        subscriber=subscriber,
+    )
+    assert lean.side == "lean"
+    assert lean.process_ms >= lean.callbacks_ms > 0
+
+
+def test_a_lean_delivery_that_fails_is_an_error_not_a_figure(
+    make_subscription: MakeSubscription, publisher: Any, subscriber: Any, monkeypatch: Any
+) -> None:
+    def refused(self: Any, message: Any) -> None:
+        raise RuntimeError("not claimed")
+
+    monkeypatch.setattr(callbacks, "_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(LeanDelivery, "__call__", refused)
+    # the client ends the stream with a callback's error, and its future raises it
+    with pytest.raises(RuntimeError, match="not claimed"):
+        callbacks.consume(
+            "lean",
+            subscription=_published(make_subscription, publisher, 3),
+            messages=3,
+            in_flight=2,
+            subscriber=subscriber,
+        )
 
 
 def test_a_message_never_consumed_is_an_error_not_a_hang(
