@@ -18,7 +18,7 @@ show (its fake messages come from no stream: the acks' path on a stock
 client's stream is not taken). ``--profile`` runs one more round of each side
 with a ``cProfile`` per callback thread and prints the Python calls per
 message: a count that does not move with the host's speed, where CPU figures
-need repeats (``docs/benchmarks.md``, fourteenth pass). It uses the emulator
+need repeats (``docs/benchmarks-history.md``, fourteenth pass). It uses the emulator
 named by ``PUBSUB_EMULATOR_HOST``, or starts one. Nothing here is a test or a
 target.
 """

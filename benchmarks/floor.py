@@ -15,7 +15,7 @@ or superseded delivery, a failed write, the failure path, the outbox,
 ordering keys, a held message). It is not a worker: it is what
 ``python -m benchmarks.inprocess --floor`` times beside the library on the
 same messages and the same in-memory store, so that the library's own
-Python per message reads against the work it does (``docs/benchmarks.md``).
+Python per message reads against the work it does (``docs/benchmarks-history.md``, ninth pass).
 ``tests/unit/test_bench_floor.py`` checks that it writes what the library
 writes.
 """

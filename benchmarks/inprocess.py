@@ -15,7 +15,7 @@ at a time (as flow control would), their acks answered by one other thread
 (as the stock client's dispatcher answers them), and runs the stock
 exactly-once callback (``message.ack_with_response().result()``) the same
 way beside it: the wrapper's own Python when callbacks run side by side,
-which costs more than alone (``docs/benchmarks.md``).
+which costs more than alone (``docs/benchmarks-history.md``, seventh pass).
 
 ``--in-flight N`` (with ``--threads``) hands over up to N messages at once
 instead of one per thread, the rest queued for the threads, as the client's
@@ -37,7 +37,7 @@ cache) and times the messages alone: the path run cold, as a consumer runs
 it when other busy processes share its core between one message's steps
 (the emulators, on the benchmark's machine). Cold, the same Python costs
 several times what it costs warm, and the more of it a message runs, the
-more it pays (``docs/benchmarks.md``).
+more it pays (``docs/benchmarks-history.md``, "Run cold").
 
 ``--floor`` times :class:`benchmarks.floor.FloorDelivery` beside the
 library, alternately, on the same messages and store (with ``--threads``:

@@ -12,7 +12,7 @@ faces, the fenced document, the outbox, the budget, the settled answer) and
 every path but the one taken (a busy, lost or superseded job, a failed
 write, the failure path, a held message): a prototype of "one object per
 delivery", timed beside the library and the floor so that what such a
-redesign could save reads before it is built (``docs/benchmarks.md``).
+redesign could save reads before it is built (``docs/benchmarks-history.md``, tenth pass).
 It is not a worker. ``tests/unit/test_bench_floor.py`` checks that it
 writes what the library writes.
 """

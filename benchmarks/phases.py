@@ -14,7 +14,7 @@ are counted under ``settle``, where the wrapper calls them).
 Counts are the same from run to run on the same code (within a few calls when an
 OpenTelemetry SDK is set and records spans): what a change to the per-message
 path removes or adds shows here, phase by phase, where CPU figures need repeats
-(``docs/benchmarks.md``, "The per-message path, fourth pass"). Nothing here
+(``docs/benchmarks-history.md``, "The per-message path, fourth pass"). Nothing here
 is a test or a target.
 """
 

@@ -5,7 +5,7 @@ every 25 ms on every core at once and prints each core's per-second medians.
 On a shared host a virtual core's speed is not constant: on the benchmark's
 machine, idle, the chunk took about 0.37 ms in some spells and 0.57-0.60 ms
 in others, spells of seconds, each core on its own. The benchmark's figures
-move with them (``docs/benchmarks.md``, "How far one run's ratios can be
+move with them (``docs/benchmarks-history.md``, "How far one run's ratios can be
 trusted"): run this before a session to see what the host is doing.
 """
 

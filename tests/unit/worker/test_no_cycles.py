@@ -3,7 +3,7 @@
 A reference cycle among a delivery's objects (its job, its fenced document, a
 callback bound to either) keeps all of them until the next collection, and
 its allocations trigger more collections: CPU per message the wrapper pays
-under load (``docs/benchmarks.md``). These deliveries leave none.
+under load (``docs/benchmarks-history.md``, fifth pass). These deliveries leave none.
 """
 
 from __future__ import annotations
