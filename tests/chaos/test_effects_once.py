@@ -28,10 +28,12 @@ KEY = "op-1"
 REDELIVERY_S = 100
 """How long a test waits for a message to come back to the surviving worker.
 
-Usually one lease (10 s). But the Pub/Sub emulator keeps a killed or frozen
+One lease (10 s) once the dead worker's streams are ended at the emulator
+(:func:`tests.support.observe.end_stale_streams`, called before the next
+worker starts). Left alone, the Pub/Sub emulator keeps a killed or frozen
 worker's stream registered and goes on redelivering into it, one ack
 deadline (10 s) at a time, until a redelivery picks the live stream:
-measured 10, 20, 30 and 50 s after a SIGKILL.
+measured 10, 20, 30 and 50 s after a SIGKILL, and once past 100 s.
 """
 
 pytestmark = [pytest.mark.emulator, pytest.mark.chaos, pytest.mark.timeout(2 * REDELIVERY_S)]
@@ -95,6 +97,7 @@ def test_crash_after_publishing_before_the_ack_publishes_nothing_again(
     assert doc["status"] == "completed"
     assert [e["sent"] for e in doc["outbox"].values()] == [True]
 
+    end_stale_streams(subscriber, eod_subscription.subscription_path)  # see REDELIVERY_S
     second = workers(outbox_env, "second")
     second.wait_for_log("job already completed; acked without running", timeout_s=REDELIVERY_S)
 
@@ -125,6 +128,7 @@ def test_crash_between_the_step_commit_and_the_publish_publishes_the_entry_once(
     assert (entry["sent"], entry["effect_key"]) == (False, f"{KEY}:produce:0")
     assert drain_messages(subscriber, output.subscription_path, quiet_s=0.5) == []
 
+    end_stale_streams(subscriber, eod_subscription.subscription_path)  # see REDELIVERY_S
     workers(outbox_env, "second")
     doc = wait_for_status(firestore_client, outbox_env, "completed")
 
@@ -165,6 +169,7 @@ def test_a_consumer_keyed_on_the_effect_key_drops_the_republished_duplicate(
         first = workers({**producer_env, "CHAOS_KILL_AT": "after_publish"}, "producer-1")
         publisher.publish(eod_subscription.topic_path, b"attachment", op=KEY).result()
         first.process.wait(timeout=60)
+        end_stale_streams(subscriber, eod_subscription.subscription_path)  # see REDELIVERY_S
         workers(producer_env, "producer-2")
         wait_for_status(firestore_client, producer_env, "completed")
 
