@@ -115,7 +115,8 @@ class Settings(BaseSettings):
     20 by default: each job holds its flow-control slot for two Firestore
     round trips and the ack's besides its own work, and with production's
     round trips 10 threads (20 admitted) kept ``run()`` to 47-79% of the stock
-    client at its defaults, 20 (40 admitted) to 88-138% (``docs/benchmarks.md``).
+    client at its defaults, 20 (40 admitted) to 88-138%
+    (``docs/benchmarks-history.md``).
     """
     prefetch_messages: int | None = Field(default=None, ge=0, le=1000)
     """Messages :func:`pubsub_worker.run` admits beyond ``MAX_MESSAGES``; unset: as many.

@@ -7,7 +7,7 @@ ack the moment they start, so the acks of one pull response leave
 together. The wrapper's ack only once the job's completion is durable, at
 times of their own: at production round trips a quarter to a third of them
 reached the dispatcher while it waited for another RPC, and waited a round
-trip or more behind it (``docs/benchmarks.md``, anchor ``ack-queue``).
+trip or more behind it (``docs/benchmarks-history.md``, anchor ``ack-queue``).
 
 :class:`Acks` sends them itself, on the subscriber client's own channel and
 to the subscription the message came from: up to ``max_in_flight`` RPCs at

@@ -5,7 +5,7 @@ metadata its generated client sends (resource prefix, routing header, client
 info, the emulator's token), skipping the generated client's wrapped method
 (proto-plus, ``api_core``'s retry and timeout layers, its logging channel);
 ``python -m benchmarks.rpc_cost`` measures the difference
-(``docs/benchmarks.md``). Each write is serialized once, as it is queued
+(``docs/benchmarks-history.md``). Each write is serialized once, as it is queued
 (its size counts against the request's cap), and the request is those bytes
 framed after its database field (:func:`request`): no write is copied into a
 request message and serialized again. ``BatchWrite`` is not atomic: the

@@ -27,7 +27,7 @@ Writes are built as raw protobufs (:mod:`pubsub_worker.stores._writes`),
 serialized once as they are queued, and sent as a ``BatchWrite`` request
 framed from those bytes on the client's own gRPC channel
 (:mod:`pubsub_worker.stores._batch_rpc`); what that saves is measured in
-``docs/benchmarks.md``.
+``docs/benchmarks-history.md``.
 """
 
 from __future__ import annotations
