@@ -1,4 +1,4 @@
-"""The callback threads' CPU per message on the real path: the emulator's Pub/Sub, 10 in flight.
+"""The callback threads' CPU per message on the real path: a stream of the emulator's Pub/Sub.
 
 ``python -m benchmarks.callbacks`` publishes ``--messages`` messages to a fresh
 exactly-once subscription of the Pub/Sub emulator, then consumes them with a
@@ -12,15 +12,15 @@ per delivery, :class:`benchmarks.lean.LeanDelivery`, on a started wrapper's
 parts, what a redesign could save on the real path). Each callback's thread
 CPU is taken around it (``time.thread_time()``), and the process's over the
 whole consumption: what the wrapper's Python costs the callback threads when
-they take turns, as the consumers of the full run's
-``wrapped-1-memory`` scenario do, which :mod:`benchmarks.inprocess` cannot
-show (its fake messages come from no stream: the acks' path on a stock
-client's stream is not taken). ``--profile`` runs one more round of each side
-with a ``cProfile`` per callback thread and prints the Python calls per
-message: a count that does not move with the host's speed, where CPU figures
-need repeats (``docs/benchmarks-history.md``, fourteenth pass). It uses the emulator
-named by ``PUBSUB_EMULATOR_HOST``, or starts one. Nothing here is a test or a
-target.
+they take turns, as the consumers of the full run's ``wrapped-1-memory``
+scenario do, which :mod:`benchmarks.inprocess` cannot show (its fake messages
+come from no stream: the acks' path on a stock client's stream is not taken).
+``--profile`` runs one more round of each side with a ``cProfile`` per
+callback thread and prints the Python calls per message: a count that does
+not move with the host's speed, where CPU figures need repeats
+(``docs/benchmarks-history.md``, fourteenth and fifteenth passes). It uses
+the emulator named by ``PUBSUB_EMULATOR_HOST``, or starts one. Nothing here
+is a test or a target.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def consume(
     ``in_flight`` admitted at once by flow control, on ``threads`` callback threads (default:
     as many as in flight)."""
     wrapped: ExactlyOnce | None = None
+    inner: Callable[[Any], None] = _stock
     if side != "stock":
         project = subscription.split("/")[1]
         wrapped = ExactlyOnce(
@@ -119,9 +120,9 @@ def consume(
             subscriber=subscriber,
         )
         wrapped.start()
-    inner: Callable[[Any], None] = _stock if wrapped is None else wrapped
-    if side == "lean" and wrapped is not None:  # it raises what it cannot do: the stream ends
-        inner = LeanDelivery(runtime_of(wrapped))
+        # the lean prototype runs on the started wrapper's parts; what it cannot do, it
+        # raises, and the client ends the stream with it
+        inner = LeanDelivery(runtime_of(wrapped)) if side == "lean" else wrapped
     profiles = _Profiles() if profile else None
     done = threading.Semaphore(0)
     lock = threading.Lock()
