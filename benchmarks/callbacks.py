@@ -63,6 +63,8 @@ class Consumed:
     """The process's CPU per message over the consumption (the client's threads too)."""
     calls: float | None
     """Python calls per message on the callback threads (``--profile``), else None."""
+    threads: int
+    """Distinct callback threads that ran a callback."""
 
 
 def _stock(message: Any) -> None:
@@ -127,6 +129,7 @@ def consume(
     done = threading.Semaphore(0)
     lock = threading.Lock()
     spent = [0.0]
+    seen: set[int] = set()
 
     def callback(message: Any) -> None:
         started = time.thread_time()
@@ -141,6 +144,7 @@ def consume(
             used = time.thread_time() - started
             with lock:
                 spent[0] += used
+                seen.add(threading.get_ident())
             done.release()
 
     executor = ThreadPoolExecutor(max_workers=threads or in_flight, thread_name_prefix="callbacks")
@@ -169,6 +173,7 @@ def consume(
         spent[0] / messages * 1000,
         process / messages * 1000,
         profiles.calls() / messages if profiles is not None else None,
+        len(seen),
     )
 
 

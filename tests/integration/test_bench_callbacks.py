@@ -59,6 +59,7 @@ def test_the_lean_prototype_completes_every_message_on_fewer_threads_than_in_fli
     )
     assert lean.side == "lean"
     assert lean.process_ms >= lean.callbacks_ms > 0
+    assert 1 <= lean.threads <= 2  # eight in flight, on the two threads it was given
 
 
 def test_a_lean_delivery_that_fails_is_an_error_not_a_figure(
