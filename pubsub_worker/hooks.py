@@ -4,11 +4,12 @@ Subclass :class:`Hooks`, override what you need and pass an instance as
 ``exactly_once(handler, hooks=...)`` (or ``run(handler, hooks=...)``). Every
 method is called on the thread that handles the delivery at that point: the
 callback thread, or for a handler that returned, from its completion on,
-the thread that settled the completion's write (it may be another
-delivery's: the writes of several jobs share an RPC) or the completer's
-(``settled`` for an ack: where its answer arrives). Each must return
-quickly: a hook that blocks after a completion holds up the other
-deliveries whose writes shared its RPC. An exception raised by a hook
+the thread that settled the completion's write (the callback's own, or a
+batch writer: the writes of several jobs share an RPC; never another
+delivery's callback thread) or the completer's (``settled`` for an ack:
+where its answer arrives). Each must return quickly: a hook that blocks
+after a completion holds up the other deliveries whose writes shared its
+RPC. An exception raised by a hook
 propagates like one raised at that point of the library (which is how tests
 inject failures). The default implementation does nothing.
 """

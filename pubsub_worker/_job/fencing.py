@@ -161,8 +161,8 @@ class FencedDocument:
     ) -> None:
         """:meth:`write`, without waiting on a store that can say when it is done.
 
-        ``then(None)`` once the write applied, on the thread that sent it (it
-        must not block); ``then(finish)`` when it did not, or its outcome is
+        ``then(None)`` once the write applied, on the thread that sent it or a
+        store's writer (it must not block); ``then(finish)`` when it did not, or its outcome is
         unknown: ``finish()`` goes on as :meth:`write` would from that first
         attempt (settling it, reading the document after a conflict, writing
         again) and raises what :meth:`write` raises; call it on a thread that

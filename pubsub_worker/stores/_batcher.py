@@ -1,17 +1,17 @@
 """The write batcher: a queue of single-document writes sent in shared ``BatchWrite`` RPCs.
 
-:class:`WriteBatcher` queues raw ``Write`` protobufs, each serialized once as it is
-queued, and sends them together in one ``BatchWrite`` RPC (group commit), at most
-``max_in_flight`` batches at a time (one by default). A write that finds a batch slot
-free is sent at once by the thread that brings it, with whatever else is queued (at most
-``max_batch`` writes and ``max_batch_bytes`` of serialized request, 4 MB by default: a
-request refused for its size, over 10 MiB in production or 4 MiB on the emulator, fails
-every write in it); writes that arrive while every slot is busy wait for a flusher,
-which sends them in one batch as a slot frees. At low load a batch holds one write and
-nothing waits for a timer or another thread (``linger_s`` holds each batch open longer,
-on a flusher). A caller waits for its write (:meth:`WriteBatcher.submit`), or hands on a
-continuation that the sending thread calls (:meth:`WriteBatcher.submit_then`,
-:mod:`~pubsub_worker.stores._queued`); those are sent before the interpreter exits.
+:class:`WriteBatcher` queues raw ``Write`` protobufs, each serialized once, and sends
+them together in one ``BatchWrite`` RPC (group commit), ``max_in_flight`` batches at a
+time (one by default). A write that finds a slot free is sent at once by the thread that
+brings it, with whatever else is queued (a request refused for its size, over 10 MiB in
+production or 4 MiB on the emulator, fails every write in it: ``max_batch_bytes``);
+the others wait for a flusher, which sends them in one batch as a slot frees. At low
+load a batch holds one write and nothing waits for a timer or another thread. A caller
+waits for its write (:meth:`WriteBatcher.submit`), or hands on a continuation
+(:meth:`WriteBatcher.submit_then`, :mod:`~pubsub_worker.stores._queued`), run by the
+flusher that sent it or by the write's own caller's thread, never by another job's: a
+caller that sends other jobs' continued writes leaves theirs to a flusher. Continued
+writes are sent before the interpreter exits.
 
 Long round trips are not left to add up (:class:`~._slots.Slots` has the rules): a
 write waits 1-5 ms for a slot, not a whole round trip, and while no batch flies one is
@@ -41,7 +41,7 @@ from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 
 from ._batch_rpc import batch_write_call, send_batch
-from ._queued import QueuedWrite, next_batch
+from ._queued import QueuedWrite, WriteQueue
 from ._slots import Slots
 from ._writes import framed_bytes
 from .base import Version
@@ -104,16 +104,15 @@ class WriteBatcher:
         self._linger_s = linger_s
         self._idle_exit_s = idle_exit_s
         self._cond = threading.Condition()  # guards everything below
-        self._queue: deque[QueuedWrite] = deque()
-        self._queued_bytes = 0  # the queued writes' sizes: a lingering batch stops when full
-        self._queued_creates = 0
-        self._busy_docs: set[str] = set()
+        self._queue = WriteQueue()
         self._timed = False  # a flusher waits for the slow slots to open
         self._holding = False  # a flusher holds a batch open for other jobs' writes
         self._threads: list[threading.Thread] = []
         self._started = 0
         self._closed = False
         self._continuing = 0  # writes queued by submit_then, not yet carried on
+        self._carrying = 0  # flushers carrying on continued writes: not taking batches
+        self._handed: deque[list[QueuedWrite]] = deque()  # continued writes left to a flusher
         self._exit_waiters = 0
         atexit.register(_wait_at_exit, weakref.ref(self))
         self.batches = 0
@@ -133,10 +132,7 @@ class WriteBatcher:
         write = self._queue_write(write_pb, create, None)
         if not write.wait(self._rpc_timeout_s + 5.0):
             with self._cond:
-                if not write.sent:
-                    self._queue.remove(write)
-                    self._queued_bytes -= write.size
-                    self._queued_creates -= write.create
+                if self._queue.withdraw(write):
                     raise gexc.ServiceUnavailable(  # type: ignore[no-untyped-call]
                         "the write waited too long for a batch"
                     )
@@ -148,10 +144,9 @@ class WriteBatcher:
     def submit_then(self, write_pb: Any, then: Callable[[QueuedWrite], None]) -> None:
         """Queue one raw ``Write`` protobuf (an update); ``then(write)`` once it is settled.
 
-        Returns at once, unless a batch slot is free: then this thread sends
-        the batch and carries on with its continued writes before it returns.
-        ``then`` runs on the sending thread, the slot given back, and must not
-        block. A closed batcher raises ``StoreError`` here.
+        Returns at once, unless a batch slot is free: then this thread sends the batch and
+        calls ``then`` before it returns (the other jobs' continuations go to a flusher).
+        ``then`` runs once the slot is given back. A closed batcher raises ``StoreError``.
         """
         self._queue_write(write_pb, False, then)
 
@@ -169,15 +164,13 @@ class WriteBatcher:
             self._continuing += then is not None
             write.queued_at = now = time.monotonic()
             self._queue.append(write)
-            self._queued_bytes += write.size
-            self._queued_creates += create
             if self._linger_s == 0 and self._ready() and self._hold_for(now) is None:
                 batch = self._pop_batch()  # a slot is free: this thread sends, no hand-off
             if self._queue:
                 self._start_flushers()
                 self._wake_flusher()
         if batch:
-            self._run(batch)
+            self._run(batch, own=write)
         return write
 
     def close(self) -> None:
@@ -191,23 +184,25 @@ class WriteBatcher:
                 thread.join(timeout=self._rpc_timeout_s + 5.0)
 
     def _start_flushers(self) -> None:
-        while len(self._threads) < self.slots.most:
+        while len(self._threads) - self._carrying < self.slots.most:
             self._started += 1
-            thread = threading.Thread(
-                target=self._flush_forever,
-                name=f"pubsub-worker-batch-writer-{self._started}",
-                daemon=True,
-            )
+            name = f"pubsub-worker-batch-writer-{self._started}"
+            thread = threading.Thread(target=self._flush_forever, name=name, daemon=True)
             self._threads.append(thread)
             thread.start()
 
-    def _run(self, batch: list[QueuedWrite], *, flusher: bool = False) -> None:
+    def _run(self, batch: list[QueuedWrite], *, own: QueuedWrite | None = None) -> None:
         """Send a popped batch, settle every write in it, free its slot, then carry on.
 
-        The continued writes' continuations run last, once the slot is free (one may queue a write,
-        or hand it on). A flusher takes the next batch itself (:meth:`_flush_forever` loops): it
-        wakes no other for it.
+        ``own``: the caller's write whose thread sends; None: a flusher sends. Continuations
+        run once the slot is free: a caller's thread runs its own write's only, the other
+        jobs' go to a flusher (a hook that blocks never holds up its job). A flusher with
+        none takes the next batch itself (:meth:`_flush_forever` loops), waking no other;
+        one with some leaves it to another (started if need be), so that a slow
+        continuation holds up no write queued behind it.
         """
+        mine = [w for w in batch if w.then is not None and (own is None or w is own)]
+        theirs = [] if own is None else [w for w in batch if w.then is not None and w is not own]
         round_trip_s: float | None = None
         started = time.monotonic()
         try:
@@ -221,62 +216,66 @@ class WriteBatcher:
                     raise
             finally:
                 with self._cond:
-                    self._busy_docs.difference_update(w.doc_path for w in batch)
+                    self._queue.answered(batch)
                     self.slots.give_back(round_trip_s)
-                    if self._queue and not flusher:
+                    if theirs and self._closed:  # no flusher to hand them to
+                        mine, theirs = mine + theirs, []
+                    if own is None and mine:
+                        self._carrying += 1
+                    if theirs:
+                        self._handed.append(theirs)
+                    if (self._queue or theirs) and (own is not None or mine):
                         if not self._closed:
                             self._start_flushers()
                         self._wake_flusher()
         finally:
-            carried = 0
-            for write in batch:
-                if write.then is not None:
-                    carried += 1
-                    try:
-                        write.carry_on()
-                    except Exception:  # a continuation's own failure: never the batch's
-                        _LOGGER.exception("a write's continuation failed")
-            if carried:
-                with self._cond:
-                    self._continuing -= carried
-                    if self._exit_waiters and not self._continuing:
-                        self._cond.notify_all()
+            if mine:
+                self._carry_on(mine, flusher=own is None)
+
+    def _carry_on(self, writes: list[QueuedWrite], *, flusher: bool) -> None:
+        """Run settled writes' continuations (a flusher's counted in ``_carrying`` meanwhile)."""
+        try:
+            for write in writes:
+                try:
+                    write.carry_on()
+                except Exception:  # a continuation's own failure: never the batch's
+                    _LOGGER.exception("a write's continuation failed")
+        finally:
+            with self._cond:
+                self._carrying -= flusher
+                self._continuing -= len(writes)
+                if self._exit_waiters and not self._continuing:
+                    self._cond.notify_all()
 
     def _flush_forever(self) -> None:
         try:
-            while (batch := self._take()) is not None:
-                self._run(batch, flusher=True)
+            while (taken := self._take()) is not None:
+                batch, handed = taken
+                if handed:
+                    self._carry_on(batch, flusher=True)
+                else:
+                    self._run(batch)
         finally:
             with self._cond:
                 me = threading.current_thread()
                 if me in self._threads:
                     self._threads.remove(me)
-                if self._queue and not self._closed:
+                if (self._queue or self._handed) and not self._closed:
                     self._start_flushers()  # a write came in as this flusher ended
 
-    def _take(self) -> list[QueuedWrite] | None:
-        """The next batch, never empty; marks its documents busy.
-
-        None when this flusher should end: closed and drained, or idle for
-        ``idle_exit_s`` (the next write starts a new one).
-        """
+    def _take(self) -> tuple[list[QueuedWrite], bool] | None:
+        """The next batch, never empty, its documents marked busy; or (True) continued writes
+        handed on to be carried on. None when this flusher should end (:meth:`_idle`)."""
         with self._cond:
             while True:
-                while not self._ready():
-                    if self._closed and not self._queue:
+                if self._handed:
+                    self._carrying += 1
+                    return self._handed.popleft(), True
+                if not self._ready():
+                    if not self._idle():
                         self._threads.remove(threading.current_thread())
                         return None
-                    opens = self._slow_opens_in()  # 0.0: open, but every queued doc is busy
-                    if opens and not self._timed:
-                        self._timed = True  # this flusher sends when the slow slots open
-                        try:
-                            self._cond.wait(opens)
-                        finally:
-                            self._timed = False
-                        continue
-                    if not self._cond.wait(self._idle_exit_s) and not self._queue:
-                        self._threads.remove(threading.current_thread())
-                        return None
+                    continue
                 hold = self._hold_for(time.monotonic())
                 if hold is not None:  # other jobs' writes may join: see the module's doc
                     self._holding = True  # the writes that leave the hold on wake no one
@@ -286,31 +285,40 @@ class WriteBatcher:
                         self._holding = False
                     continue
                 if self._linger_s > 0:
-                    deadline = time.monotonic() + self._linger_s
-                    while (
-                        len(self._queue) < self._max_batch
-                        and self._queued_bytes < self._write_budget
-                    ):
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
+                    self._linger()
                 batch = self._pop_batch()
                 if batch:  # else another flusher took them while this one lingered
-                    return batch
+                    return batch, False
+
+    def _idle(self) -> bool:
+        """Wait once, with nothing to do; False: this flusher should end, closed and drained or
+        idle for ``idle_exit_s`` (the next write starts a new one)."""
+        if self._closed and not self._queue:
+            return False
+        opens = self._slow_opens_in()  # 0.0: open, but every queued doc is busy
+        if opens and not self._timed:
+            self._timed = True  # this flusher sends when the slow slots open
+            try:
+                self._cond.wait(opens)
+            finally:
+                self._timed = False
+            return True
+        return self._cond.wait(self._idle_exit_s) or bool(self._queue or self._handed)
+
+    def _linger(self) -> None:
+        """Hold the next batch open ``linger_s``, or until it is full."""
+        deadline = time.monotonic() + self._linger_s
+        while not self._full() and (remaining := deadline - time.monotonic()) > 0:
+            self._cond.wait(remaining)
+
+    def _full(self) -> bool:
+        """The queued writes would fill a batch (``max_batch`` or ``max_batch_bytes``)."""
+        return len(self._queue) >= self._max_batch or self._queue.bytes >= self._write_budget
 
     def _pop_batch(self) -> list[QueuedWrite]:
-        """Queued writes for one request (:func:`~._queued.next_batch`: at most ``max_batch``
-        writes and ``max_batch_bytes`` with the request's own field); marks them sent and their
-        documents busy."""
-        batch, self._queue = next_batch(
-            self._queue, self._busy_docs, max_writes=self._max_batch, room=self._write_budget
-        )
-        for write in batch:
-            write.sent = True
-            self._queued_creates -= write.create
-            self._queued_bytes -= write.size
-            self._busy_docs.add(write.doc_path)
+        """Queued writes for one request (:meth:`~._queued.WriteQueue.pop_batch`), at most
+        ``max_batch`` writes and ``max_batch_bytes`` with the request's own field."""
+        batch = self._queue.pop_batch(max_writes=self._max_batch, room=self._write_budget)
         if batch:
             self.slots.take(time.monotonic())
         if len(self._threads) > 1:
@@ -325,8 +333,12 @@ class WriteBatcher:
         slot will open, one flusher is woken to wait for it, unless one does.
         A flusher holding a batch open is not woken while the hold lasts: it
         sends when it ends, and the write that ends it early (the last job
-        without one brings it) is sent by its own thread.
+        without one brings it) is sent by its own thread. Continued writes handed on
+        wake one at once.
         """
+        if self._handed:
+            self._cond.notify()
+            return
         if self._holding and self._hold_for(time.monotonic()) is not None:
             return
         if self._queue and (
@@ -338,27 +350,24 @@ class WriteBatcher:
 
     def _ready(self) -> bool:
         """A batch slot is free and some queued write's document is not in flight."""
-        if not self.slots.free(time.monotonic(), self._writing()):
-            return False
-        return any(w.doc_path not in self._busy_docs for w in self._queue)
+        return self.slots.free(time.monotonic(), self._queue.writing()) and self._queue.ready()
 
     def _slow_opens_in(self) -> float | None:
         """Seconds until a slow slot opens for the queued writes (:meth:`Slots.slow_opens_in`)."""
-        return self.slots.slow_opens_in(time.monotonic(), self._writing()) if self._queue else None
+        if not self._queue:
+            return None
+        return self.slots.slow_opens_in(time.monotonic(), self._queue.writing())
 
     def _hold_for(self, now: float) -> float | None:
         """Seconds to hold the next batch open for other jobs' writes; None: send it now."""
-        if self._linger_s > 0 or not self._queue or len(self._queue) >= self._max_batch:
-            return None
-        if self._queued_bytes >= self._write_budget:
+        if self._linger_s > 0 or not self._queue or self._full():
             return None
         return self.slots.hold_for(
-            self._queue[0].queued_at, now, writing=self._writing(), claims=self._queued_creates > 0
+            self._queue.oldest_queued_at(),
+            now,
+            writing=self._queue.writing(),
+            claims=self._queue.creates > 0,
         )
-
-    def _writing(self) -> int:
-        """Jobs with a write queued or in flight (a batch holds one write per job)."""
-        return len(self._queue) + len(self._busy_docs)
 
     def _send(self, batch: list[QueuedWrite]) -> None:
         self.batches += 1

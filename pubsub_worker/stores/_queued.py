@@ -1,15 +1,16 @@
-"""One write queued for a shared ``BatchWrite`` RPC, how its outcome reaches its caller, and
-which queued writes one request takes.
+"""One write queued for a shared ``BatchWrite`` RPC, how its outcome reaches its caller,
+the queue the writes wait in, and which of them one request takes.
 
 A caller of :meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit` waits
 for its write: it blocks on a lock held until the write is settled (one lock
 per write, released once, instead of an ``Event``: a ``Condition``, its lock
 and a waiter lock per wait, and a ``notify_all``). A caller of
 :meth:`~pubsub_worker.stores._batcher.WriteBatcher.submit_then` does not: its
-write carries a continuation, which the thread that sent the batch calls once
-the batch is settled and its slot given back. That continuation must not
-block: it runs on a thread other writes wait for. :func:`next_batch` is which
-queued writes the next request takes.
+write carries a continuation, called once the batch is settled and its slot
+given back, by the thread that sent it or, if that was another caller's, by a
+flusher. That continuation must not block: it runs on a thread other writes
+wait for. :class:`WriteQueue` holds the writes waiting for a batch;
+:func:`next_batch` is which of them the next request takes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from .base import Version
 
-__all__ = ["QueuedWrite", "next_batch"]
+__all__ = ["QueuedWrite", "WriteQueue", "next_batch"]
 
 
 class QueuedWrite:
@@ -57,7 +58,7 @@ class QueuedWrite:
         self.create = create
         """A create: a job's first write (its claim)."""
         self.then = then
-        """Called with this write once settled, by the sending thread; None: a caller waits."""
+        """Called with this write once settled (:meth:`carry_on`); None: a caller waits."""
         self.queued_at = 0.0  # monotonic
         self.version: Version | None = None
         self.error: BaseException | None = None
@@ -125,3 +126,65 @@ def next_batch(
         batch.append(write)
     kept.extend(queue)
     return batch, kept
+
+
+class WriteQueue:
+    """The writes waiting for a batch, in order, and the documents of those in flight.
+
+    Not thread-safe: the batcher's condition guards it. Its length is the
+    writes waiting.
+    """
+
+    __slots__ = ("_writes", "busy", "bytes", "creates")
+
+    def __init__(self) -> None:
+        self._writes: deque[QueuedWrite] = deque()
+        self.bytes = 0
+        """The waiting writes' sizes: a lingering batch stops when full."""
+        self.creates = 0
+        """Waiting creates (a job's first write)."""
+        self.busy: set[str] = set()
+        """Documents with a write in flight."""
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def append(self, write: QueuedWrite) -> None:
+        self._writes.append(write)
+        self.bytes += write.size
+        self.creates += write.create
+
+    def withdraw(self, write: QueuedWrite) -> bool:
+        """Take back a write not yet sent (True); False if it was."""
+        if write.sent:
+            return False
+        self._writes.remove(write)
+        self.bytes -= write.size
+        self.creates -= write.create
+        return True
+
+    def oldest_queued_at(self) -> float:
+        return self._writes[0].queued_at
+
+    def ready(self) -> bool:
+        """Some waiting write's document has no write in flight."""
+        return any(w.doc_path not in self.busy for w in self._writes)
+
+    def writing(self) -> int:
+        """Jobs with a write waiting or in flight (a batch holds one write per job)."""
+        return len(self._writes) + len(self.busy)
+
+    def pop_batch(self, *, max_writes: int, room: int) -> list[QueuedWrite]:
+        """The writes of the next request (:func:`next_batch`), marked sent, their documents
+        busy."""
+        batch, self._writes = next_batch(self._writes, self.busy, max_writes=max_writes, room=room)
+        for write in batch:
+            write.sent = True
+            self.creates -= write.create
+            self.bytes -= write.size
+            self.busy.add(write.doc_path)
+        return batch
+
+    def answered(self, batch: list[QueuedWrite]) -> None:
+        """A batch is no longer in flight: its documents may go again."""
+        self.busy.difference_update(w.doc_path for w in batch)

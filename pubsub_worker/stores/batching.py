@@ -130,10 +130,11 @@ class BatchingFirestoreJobStore(FirestoreJobStore):
         """``update``, its outcome handed to ``then`` (:class:`~.continued.ContinuedStore`).
 
         An applied write calls ``then(version, None)`` on the thread that sent
-        it. Any other outcome calls ``then(None, settle)``: ``settle`` goes on
-        as ``update`` would from that first attempt (reads back a write whose
-        outcome is unknown, sends it again if it did not land, retries
-        transient errors), on whatever thread calls it.
+        it, or a flusher if that thread was another caller's. Any other outcome
+        calls ``then(None, settle)``: ``settle`` goes on as ``update`` would
+        from that first attempt (reads back a write whose outcome is unknown,
+        sends it again if it did not land, retries transient errors), on
+        whatever thread calls it.
         """
         write_id, write = self._update_write(doc_id, changes, expected)
 

@@ -422,6 +422,113 @@ def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_
         store.close()
 
 
+def test_a_flusher_held_in_a_continuation_leaves_the_next_batch_to_another_flusher(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """A completion's continuation that blocks (a slow hook) holds up no other job's write.
+
+    One slot and one flusher at most: the flusher that sent a completion runs
+    its continuation, which blocks; the claim queued behind it is sent by a
+    flusher started for it, and its caller answered, while the continuation
+    still blocks.
+    """
+    store, _ = _one_slot_counting_notifies(firestore_client, firestore_collection)
+    batcher = store.batcher
+    version = store.create("done", {"epoch": 1})
+    permits = threading.Semaphore(0)
+    senders: list[str] = []
+    send = batcher._send
+
+    def gated(batch: list[Any]) -> None:
+        senders.append(threading.current_thread().name)
+        assert permits.acquire(timeout=10)
+        send(batch)
+
+    held, go = threading.Event(), threading.Event()
+    outcomes: list[Version | None] = []
+
+    def blocking_hook(applied: Version | None, settle: Any) -> None:
+        outcomes.append(applied)
+        held.set()
+        go.wait(30)
+
+    batcher._send = gated  # type: ignore[method-assign]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            first = pool.submit(store.create, "first", {"epoch": 1})
+            _wait_until(lambda: len(senders) == 1, "the first batch sent")
+            store.update_then(
+                "done", {("state",): "completed"}, expected=version, then=blocking_hook
+            )
+            _wait_until_queued(batcher, 1)
+            permits.release()  # the caller's batch ends; the flusher sends the completion
+            _wait_until(lambda: len(senders) == 2, "the completion sent")
+            claim = pool.submit(store.create, "claim", {"epoch": 1})
+            _wait_until_queued(batcher, 1)
+            permits.release()  # the completion is answered: its flusher carries on, and blocks
+            assert held.wait(10)
+            permits.release()
+            assert claim.result(timeout=10) is not None  # sent while the continuation blocks
+            assert not go.is_set()
+            assert senders[2] != senders[1]
+            assert first.result(timeout=10) is not None
+        assert len(outcomes) == 1
+        assert outcomes[0] is not None  # the completion applied
+        assert store.get("claim") is not None
+    finally:
+        go.set()
+        for _ in range(3):
+            permits.release()
+        store.close()
+
+
+def test_a_claim_sent_with_another_jobs_completion_leaves_its_continuation_to_a_flusher(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """A job's thread that sends other jobs' writes with its own never runs their conclusions.
+
+    A completion is held open for the worker's other jobs (long round trips,
+    two jobs in flight); the other job's claim ends the hold and its thread
+    sends both. The completion's continuation blocks (a slow hook): it runs
+    on a flusher, and the claim's caller goes on meanwhile.
+    """
+    store = BatchingFirestoreJobStore(
+        firestore_client, firestore_collection, slow_after_s=1e-6, gather_s=5.0
+    )
+    batcher = store.batcher
+    version = store.create("done", {"epoch": 1})  # a round trip: round trips count as long
+    batcher.slots.writers = lambda: 2  # two jobs in flight
+    batcher.slots.arriving = lambda: 0  # no callback about to start
+    held, go = threading.Event(), threading.Event()
+    carried_on: list[str] = []
+    batch_sizes: list[int] = []
+    send = batcher._send
+
+    def recorded(batch: list[Any]) -> None:
+        batch_sizes.append(len(batch))
+        send(batch)
+
+    def blocking_hook(applied: Version | None, settle: Any) -> None:
+        carried_on.append(threading.current_thread().name)
+        held.set()
+        go.wait(30)
+
+    batcher._send = recorded  # type: ignore[method-assign]
+    try:
+        store.update_then("done", {("state",): "completed"}, expected=version, then=blocking_hook)
+        _wait_until_queued(batcher, 1)  # held open for the other job's write
+        with ThreadPoolExecutor(1, thread_name_prefix="callback") as pool:
+            claim = pool.submit(store.create, "claim", {"epoch": 1})
+            assert claim.result(timeout=10) is not None  # not held by the completion's hook
+        assert held.wait(10)
+        assert not go.is_set()
+        assert batch_sizes == [2]  # one RPC: the claim's thread sent both
+        assert carried_on[0].startswith("pubsub-worker-batch-writer")
+    finally:
+        go.set()
+        store.close()
+
+
 class _HeldSends:
     """Replaces a batcher's ``_send``: records when each batch went, holds each until released."""
 

@@ -45,7 +45,7 @@ class _Outcome:
         self.calls.append((version, settle))
         self.thread = threading.current_thread().name
         with self._store.batcher._cond:
-            self.doc_busy = bool(self._store.batcher._busy_docs)
+            self.doc_busy = bool(self._store.batcher._queue.busy)
         self.done.set()
 
     def one(self) -> tuple[Version | None, Settle | None]:
@@ -102,7 +102,7 @@ def test_an_update_behind_a_batch_in_flight_returns_at_once_and_its_sender_carri
         first = threading.Thread(target=store.create, args=("other", {"epoch": 1}))
         first.start()  # takes the one slot, held
         deadline = time.monotonic() + 5
-        while not store.batcher._busy_docs and time.monotonic() < deadline:
+        while not store.batcher._queue.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         outcome = _Outcome(store)
         store.update_then("job", {("epoch",): 2}, expected=version, then=outcome)

@@ -1,10 +1,10 @@
-"""Which queued writes one ``BatchWrite`` request takes (``next_batch``), on its own."""
+"""Which queued writes one ``BatchWrite`` request takes, and the queue they wait in."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from pubsub_worker.stores._queued import QueuedWrite, next_batch
+from pubsub_worker.stores._queued import QueuedWrite, WriteQueue, next_batch
 
 
 def _queue(*writes: tuple[str, int]) -> deque[QueuedWrite]:
@@ -37,3 +37,38 @@ def test_a_write_left_for_its_size_keeps_its_document_s_later_writes_behind_it()
     batch, left = next_batch(queue, set(), max_writes=10, room=10)
     assert _docs(batch) == [("a", 6), ("c", 3)]  # "b" did not fit; its second write waits too
     assert _docs(left) == [("b", 6), ("b", 1)]
+
+
+def test_the_write_queue_counts_what_waits_and_what_flies() -> None:
+    queue = WriteQueue()
+    claim, update, later = (
+        QueuedWrite("a", b"", 3, create=True),
+        QueuedWrite("b", b"", 5),
+        QueuedWrite("a", b"", 7),
+    )
+    for write in (claim, update, later):
+        queue.append(write)
+    assert (len(queue), queue.bytes, queue.creates, queue.writing()) == (3, 15, 1, 3)
+    batch = queue.pop_batch(max_writes=10, room=100)
+    assert batch == [claim, update]  # one write a document: "a" again waits
+    assert claim.sent
+    assert update.sent
+    assert not later.sent
+    assert (len(queue), queue.bytes, queue.creates, queue.busy) == (1, 7, 0, {"a", "b"})
+    assert queue.writing() == 3
+    assert not queue.ready()  # its document is in flight
+    assert queue.pop_batch(max_writes=10, room=100) == []
+    queue.answered(batch)
+    assert queue.ready()
+    assert queue.oldest_queued_at() == later.queued_at
+
+
+def test_a_write_is_withdrawn_only_while_it_waits() -> None:
+    queue = WriteQueue()
+    sent, waiting = QueuedWrite("a", b"", 3, create=True), QueuedWrite("b", b"", 5, create=True)
+    queue.append(sent)
+    queue.append(waiting)
+    assert queue.pop_batch(max_writes=1, room=100) == [sent]
+    assert not queue.withdraw(sent)  # in flight: its RPC settles it
+    assert queue.withdraw(waiting)
+    assert (len(queue), queue.bytes, queue.creates, queue.writing()) == (0, 0, 0, 1)
