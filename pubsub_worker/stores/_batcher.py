@@ -41,6 +41,7 @@ from pubsub_worker._support.limits import MAX_BATCH_WRITE_BYTES
 from pubsub_worker.errors import StoreError
 
 from ._batch_rpc import batch_write_call, send_batch
+from ._flushers import Flushers
 from ._queued import QueuedWrite, WriteQueue
 from ._slots import Slots
 from ._writes import framed_bytes
@@ -107,11 +108,9 @@ class WriteBatcher:
         self._queue = WriteQueue()
         self._timed = False  # a flusher waits for the slow slots to open
         self._holding = False  # a flusher holds a batch open for other jobs' writes
-        self._threads: list[threading.Thread] = []
-        self._started = 0
+        self._flushers = Flushers(self._flush_forever)
         self._closed = False
         self._continuing = 0  # writes queued by submit_then, not yet carried on
-        self._carrying = 0  # flushers carrying on continued writes: not taking batches
         self._handed: deque[list[QueuedWrite]] = deque()  # continued writes left to a flusher
         self._exit_waiters = 0
         atexit.register(_wait_at_exit, weakref.ref(self))
@@ -178,18 +177,16 @@ class WriteBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            threads = list(self._threads)
+            threads = list(self._flushers.threads)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=self._rpc_timeout_s + 5.0)
 
     def _start_flushers(self) -> None:
-        while len(self._threads) - self._carrying < self.slots.most:
-            self._started += 1
-            name = f"pubsub-worker-batch-writer-{self._started}"
-            thread = threading.Thread(target=self._flush_forever, name=name, daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        self._flushers.top_up(self.slots.most, len(self._handed))
+
+    def _wait(self, timeout_s: float) -> bool:
+        return self._flushers.wait(self._cond, timeout_s)
 
     def _run(self, batch: list[QueuedWrite], *, own: QueuedWrite | None = None) -> None:
         """Send a popped batch, settle every write in it, free its slot, then carry on.
@@ -221,7 +218,7 @@ class WriteBatcher:
                     if theirs and self._closed:  # no flusher to hand them to
                         mine, theirs = mine + theirs, []
                     if own is None and mine:
-                        self._carrying += 1
+                        self._flushers.carrying += 1
                     if theirs:
                         self._handed.append(theirs)
                     if (self._queue or theirs) and (own is not None or mine):
@@ -233,7 +230,7 @@ class WriteBatcher:
                 self._carry_on(mine, flusher=own is None)
 
     def _carry_on(self, writes: list[QueuedWrite], *, flusher: bool) -> None:
-        """Run settled writes' continuations (a flusher's counted in ``_carrying`` meanwhile)."""
+        """Run settled writes' continuations (a flusher's counted as carrying meanwhile)."""
         try:
             for write in writes:
                 try:
@@ -242,7 +239,7 @@ class WriteBatcher:
                     _LOGGER.exception("a write's continuation failed")
         finally:
             with self._cond:
-                self._carrying -= flusher
+                self._flushers.carrying -= flusher
                 self._continuing -= len(writes)
                 if self._exit_waiters and not self._continuing:
                     self._cond.notify_all()
@@ -257,9 +254,7 @@ class WriteBatcher:
                     self._run(batch)
         finally:
             with self._cond:
-                me = threading.current_thread()
-                if me in self._threads:
-                    self._threads.remove(me)
+                self._flushers.leave()
                 if (self._queue or self._handed) and not self._closed:
                     self._start_flushers()  # a write came in as this flusher ended
 
@@ -269,18 +264,18 @@ class WriteBatcher:
         with self._cond:
             while True:
                 if self._handed:
-                    self._carrying += 1
+                    self._flushers.carrying += 1
                     return self._handed.popleft(), True
                 if not self._ready():
                     if not self._idle():
-                        self._threads.remove(threading.current_thread())
+                        self._flushers.leave()
                         return None
                     continue
                 hold = self._hold_for(time.monotonic())
                 if hold is not None:  # other jobs' writes may join: see the module's doc
                     self._holding = True  # the writes that leave the hold on wake no one
                     try:
-                        self._cond.wait(hold)
+                        self._wait(hold)
                     finally:
                         self._holding = False
                     continue
@@ -299,17 +294,17 @@ class WriteBatcher:
         if opens and not self._timed:
             self._timed = True  # this flusher sends when the slow slots open
             try:
-                self._cond.wait(opens)
+                self._wait(opens)
             finally:
                 self._timed = False
             return True
-        return self._cond.wait(self._idle_exit_s) or bool(self._queue or self._handed)
+        return self._wait(self._idle_exit_s) or bool(self._queue or self._handed)
 
     def _linger(self) -> None:
         """Hold the next batch open ``linger_s``, or until it is full."""
         deadline = time.monotonic() + self._linger_s
         while not self._full() and (remaining := deadline - time.monotonic()) > 0:
-            self._cond.wait(remaining)
+            self._wait(remaining)
 
     def _full(self) -> bool:
         """The queued writes would fill a batch (``max_batch`` or ``max_batch_bytes``)."""
@@ -321,7 +316,7 @@ class WriteBatcher:
         batch = self._queue.pop_batch(max_writes=self._max_batch, room=self._write_budget)
         if batch:
             self.slots.take(time.monotonic())
-        if len(self._threads) > 1:
+        if len(self._flushers) > 1:
             self._wake_flusher()  # another flusher can take the rest
         return batch
 
@@ -334,11 +329,10 @@ class WriteBatcher:
         A flusher holding a batch open is not woken while the hold lasts: it
         sends when it ends, and the write that ends it early (the last job
         without one brings it) is sent by its own thread. Continued writes handed on
-        wake one at once.
+        wake one more.
         """
         if self._handed:
-            self._cond.notify()
-            return
+            self._cond.notify(1 + self._exit_waiters)  # a flusher, whoever else waits
         if self._holding and self._hold_for(time.monotonic()) is not None:
             return
         if self._queue and (

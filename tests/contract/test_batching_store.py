@@ -241,9 +241,9 @@ def test_an_idle_flusher_ends_and_the_next_write_starts_another(
         _together([partial(store.create, f"one-{i}", {"epoch": 1}) for i in range(8)])
         assert store.batcher.batches < 8
         deadline = time.monotonic() + 5
-        while store.batcher._threads and time.monotonic() < deadline:
+        while store.batcher._flushers.threads and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not store.batcher._threads
+        assert not store.batcher._flushers.threads
         store.create("two", {"epoch": 1})
         assert store.get("two") is not None
     finally:
@@ -267,7 +267,7 @@ def test_a_write_that_finds_a_slot_free_is_sent_by_its_own_thread(
         version = store.create("one", {"epoch": 1})
         store.update("one", {("epoch",): 2}, expected=version)
         assert senders == [threading.current_thread().name] * 2
-        assert not store.batcher._threads  # no flusher was needed
+        assert not store.batcher._flushers.threads  # no flusher was needed
         snap = store.get("one")
         assert snap is not None
         assert snap.fields["epoch"] == 2
