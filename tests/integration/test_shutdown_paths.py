@@ -320,13 +320,10 @@ def test_messages_published_while_run_drains_are_left_to_the_next_worker(
     first.thread.start()
     late = ["late-0", "late-1", "late-2"]
     try:
-        # One after the other: a write's continuations (the conclusion, its before_ack) run on
-        # the thread that sends its batch, and a claim sent in the same batch as the held
-        # completion would wait for the hold on its own thread.
-        publish_keys(publisher, eod_subscription.topic_path, ["concluding"])
-        assert wait_until(lambda: hooks.held == 1, 30)
-        publish_keys(publisher, eod_subscription.topic_path, ["long"])
-        assert wait_until(long_started.is_set, 30)
+        # Together: a claim sent with the held completion in one batch goes on while the
+        # completion's conclusion (its before_ack) waits on a batch writer.
+        publish_keys(publisher, eod_subscription.topic_path, ["concluding", "long"])
+        assert wait_until(lambda: hooks.held == 1 and long_started.is_set(), 30)
         first.stop_event.set()  # run() stops: it drains, the long job runs its grace
         late_ids = publish_keys(publisher, eod_subscription.topic_path, late)
         draining = first.thread.is_alive()
