@@ -377,12 +377,8 @@ def test_writes_queued_while_every_slot_is_busy_wake_no_flusher(
         store.close()
 
 
-def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_other(
-    firestore_client: Any, firestore_collection: str
-) -> None:
-    """Its loop takes the next batch: a wake-up per batch would only be a futile switch."""
-    store, condition = _one_slot_counting_notifies(firestore_client, firestore_collection)
-    batcher = store.batcher
+def _gated_sends(batcher: Any) -> tuple[threading.Semaphore, list[str]]:
+    """Gate the batcher's sends: each waits for a permit; the sending threads' names, in order."""
     permits = threading.Semaphore(0)
     senders: list[str] = []
     send = batcher._send
@@ -392,10 +388,21 @@ def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_
         assert permits.acquire(timeout=10)
         send(batch)
 
+    batcher._send = gated
+    return permits, senders
+
+
+def test_a_flusher_that_frees_its_slot_sends_the_next_batch_itself_and_wakes_no_other(
+    firestore_client: Any, firestore_collection: str
+) -> None:
+    """Its loop takes the next batch: a wake-up per batch would only be a futile switch."""
+    store, condition = _one_slot_counting_notifies(firestore_client, firestore_collection)
+    batcher = store.batcher
+    permits, senders = _gated_sends(batcher)
+
     def sent(count: int) -> None:
         _wait_until(lambda: len(senders) == count, f"{count} batches sent")
 
-    batcher._send = gated  # type: ignore[method-assign]
     try:
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(store.create, "a", {"epoch": 1})]
@@ -435,14 +442,7 @@ def test_a_flusher_held_in_a_continuation_leaves_the_next_batch_to_another_flush
     store, _ = _one_slot_counting_notifies(firestore_client, firestore_collection)
     batcher = store.batcher
     version = store.create("done", {"epoch": 1})
-    permits = threading.Semaphore(0)
-    senders: list[str] = []
-    send = batcher._send
-
-    def gated(batch: list[Any]) -> None:
-        senders.append(threading.current_thread().name)
-        assert permits.acquire(timeout=10)
-        send(batch)
+    permits, senders = _gated_sends(batcher)
 
     held, go = threading.Event(), threading.Event()
     outcomes: list[Version | None] = []
@@ -452,7 +452,6 @@ def test_a_flusher_held_in_a_continuation_leaves_the_next_batch_to_another_flush
         held.set()
         go.wait(30)
 
-    batcher._send = gated  # type: ignore[method-assign]
     try:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(store.create, "first", {"epoch": 1})
