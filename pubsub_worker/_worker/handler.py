@@ -26,8 +26,8 @@ from pubsub_worker._job.job import Job
 from pubsub_worker._job.steps import JobCore
 from pubsub_worker.errors import InvalidHandler, ShuttingDown
 
+from .callback import DeferredMessageProxy, MessageProxy
 from .flow import DeliveryFlow
-from .legacy import DeferredMessageProxy, MessageProxy
 from .outcome import Happened, Phase
 
 __all__ = ["HandlerCall", "Wrapped", "check_handler", "is_async", "sync", "takes_job", "unwrap"]
@@ -133,7 +133,7 @@ class HandlerCall:
         handler = unwrap(handler)
         check_handler(handler)
         self.handler = handler
-        self._legacy = not takes_job(handler)
+        self._callback_style = not takes_job(handler)
         self._async = is_async(handler)
         self.loop = EventLoopThread()
 
@@ -143,7 +143,7 @@ class HandlerCall:
         A job-style handler that returned is concluded on the completer
         (``flow.conclude_later``); a failure here. A callback-style handler
         concludes through its message's ``ack()``/``nack()``, here or from its
-        own threads later (:mod:`pubsub_worker._worker.legacy`).
+        own threads later (:mod:`pubsub_worker._worker.callback`).
         """
         log = flow.log
         proxy, call = self._prepare(message, job, flow, log)
@@ -171,12 +171,12 @@ class HandlerCall:
         An ``async def`` handler runs on the worker's loop while this thread waits.
         """
         if not self._async:
-            if self._legacy:
+            if self._callback_style:
                 proxy = MessageProxy(message, job, flow, log, face=Job(job))
                 return proxy, lambda: sync(self.handler(proxy))
             return None, lambda: sync(self.handler(message, Job(job)))
         ajob = AsyncJob(job, self.loop.io)
-        if self._legacy:
+        if self._callback_style:
             deferred = DeferredMessageProxy(
                 message, job, flow, log, face=ajob, queued=job.take_deferred, io=self.loop.io
             )

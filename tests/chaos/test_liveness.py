@@ -360,7 +360,7 @@ def test_start_up_refuses_what_would_fail_later(
     assert variable in log
 
 
-def test_a_legacy_callback_is_released_on_shutdown_like_a_job(chaos: ChaosSetup) -> None:
+def test_an_unchanged_callback_is_released_on_shutdown_like_a_job(chaos: ChaosSetup) -> None:
     """SIGTERM while an unchanged ``callback(message)`` is inside step b (grace 1 s).
 
     The callback stops at its next step, the job is released without counting
@@ -368,7 +368,7 @@ def test_a_legacy_callback_is_released_on_shutdown_like_a_job(chaos: ChaosSetup)
     """
     env = {
         **chaos.env,
-        "CHAOS_SCENARIO": "legacy_steps",
+        "CHAOS_SCENARIO": "callback_steps",
         "CHAOS_STEP_SLEEP_S": "4",
         "CHAOS_SLEEP_STEPS": "b",
         "PUBSUB_WORKER_SHUTDOWN_GRACE_SECONDS": "1",

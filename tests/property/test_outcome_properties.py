@@ -44,7 +44,7 @@ from pubsub_worker._job.claim import ClaimKind, ClaimRequest
 from pubsub_worker._job.claim import decide as claim_decide
 from pubsub_worker._job.keys import derive_identity
 from pubsub_worker._job.lease import lease_left_s
-from pubsub_worker._worker.legacy import CallbackNacked
+from pubsub_worker._worker.callback import CallbackNacked
 from pubsub_worker._worker.outcome import (
     EFFECTS,
     MAX_DEFER_S,

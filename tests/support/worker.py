@@ -10,8 +10,8 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
                     ``transactional`` (transactional step ``write`` adds a document to
                     ``CHAOS_SINK_COLLECTION`` and, with ``CHAOS_OUTPUT_TOPIC``, publishes),
                     ``fenced`` (step ``write`` writes ``samples.fenced_sink`` at the epoch),
-                    ``legacy`` (an unchanged ``callback(message)`` that acks),
-                    ``legacy_steps`` (the same, running steps a, b, c through ``message.job``),
+                    ``callback`` (an unchanged ``callback(message)`` that acks),
+                    ``callback_steps`` (the same, running steps a, b, c through ``message.job``),
                     ``outbox_swallow`` (like ``outbox``, swallowing every error of its step),
                     ``publish_outside`` (``job.publish()`` outside any step),
                     ``big`` (``CHAOS_STEPS`` steps ``s1``.. of ``CHAOS_RESULT_BYTES`` each),
@@ -34,7 +34,7 @@ Configured by ``PUBSUB_WORKER_*`` (the library's own settings) plus:
 ``CHAOS_PLAIN_SLEEP_S``  seconds the ``steps`` handler sleeps after step ``a``, outside any step
                     (in the epochs of ``CHAOS_SLEEP_EPOCHS`` if set)
 ``CHAOS_ASYNC``     ``1``: the ``async def`` version of the scenario (``steps``,
-                    ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``legacy``)
+                    ``always_fail``, ``permanent``, ``outbox``, ``transactional``, ``callback``)
 ``CHAOS_GATES``     comma-separated points (``step:NAME``, ``end`` after the last step of
                     ``steps``, ``before_ack`` after the completion record, before the ack:
                     on the completer, the callback thread free; ``before_review`` in the
@@ -257,7 +257,7 @@ def handle_big(message: Any, job: pubsub_worker.Job) -> None:
         job.step(name, run)
 
 
-def handle_legacy_steps(message: Any) -> None:
+def handle_callback_steps(message: Any) -> None:
     """An unchanged ``callback(message)`` with steps through ``message.job``, then ack."""
     for name in ("a", "b", "c"):
         _step(message.job, name)
@@ -314,8 +314,8 @@ def _firestore() -> Any:
     return _CLIENTS["firestore"]
 
 
-def handle_legacy(message: Any) -> None:
-    effect("legacy", message.message_id, 0)
+def handle_callback(message: Any) -> None:
+    effect("callback", message.message_id, 0)
     message.ack()
 
 
@@ -366,8 +366,8 @@ HANDLERS: dict[str, Callable[..., None]] = {
     "outbox": handle_outbox,
     "transactional": handle_transactional,
     "fenced": handle_fenced,
-    "legacy": handle_legacy,
-    "legacy_steps": handle_legacy_steps,
+    "callback": handle_callback,
+    "callback_steps": handle_callback_steps,
     "outbox_swallow": handle_outbox_swallow,
     "publish_outside": handle_publish_outside,
     "big": handle_big,
@@ -449,8 +449,8 @@ async def ahandle_transactional(message: Any, job: AsyncJob) -> None:
     effect("write", job.key, job.epoch, flavour="async")
 
 
-async def ahandle_legacy(message: Any) -> None:
-    effect("legacy", message.message_id, 0, flavour="async")
+async def ahandle_callback(message: Any) -> None:
+    effect("callback", message.message_id, 0, flavour="async")
     message.ack()
 
 
@@ -460,7 +460,7 @@ ASYNC_HANDLERS: dict[str, Callable[..., Any]] = {
     "permanent": ahandle_permanent,
     "outbox": ahandle_outbox,
     "transactional": ahandle_transactional,
-    "legacy": ahandle_legacy,
+    "callback": ahandle_callback,
 }
 
 

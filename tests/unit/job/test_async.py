@@ -47,7 +47,7 @@ def test_an_async_job_awaits_async_and_sync_steps_then_completes(
     assert ran[2:] == []
 
 
-def test_an_async_legacy_callback_acks_and_nacks(world: Callable[..., World]) -> None:
+def test_an_async_unchanged_callback_acks_and_nacks(world: Callable[..., World]) -> None:
     async def callback(message: Any) -> None:
         await message.job.step("a", lambda: 1)
         if message.data == b"nack":

@@ -525,32 +525,32 @@ def test_a_failure_path_that_fails_defers_and_loses_nothing(world: Callable[...,
     assert len(w.reviews()) == 1
 
 
-def test_legacy_ack_nack_and_shutdown(world: Callable[..., World]) -> None:
-    def legacy(message: Any) -> None:
+def test_an_unchanged_callbacks_ack_nack_and_shutdown(world: Callable[..., World]) -> None:
+    def unchanged(message: Any) -> None:
         message.job.step("a", lambda: 1)
         if message.data == b"nack":
             message.nack()
         else:
             message.ack()
 
-    w = world(legacy)
+    w = world(unchanged)
     assert w.deliver(FakeMessage(b"ack", op="k")) == "ack"
     assert w.record()["status"] == "completed"
     assert w.deliver(FakeMessage(b"nack", op="n")) == "nack"
     assert (w.record("n")["status"], w.record("n")["attempts"]) == ("released", 1)
 
 
-def test_legacy_ack_during_shutdown_releases(world: Callable[..., World]) -> None:
-    """A legacy callback that catches the stop and acks anyway is released, like a job."""
+def test_an_unchanged_callbacks_ack_during_shutdown_releases(world: Callable[..., World]) -> None:
+    """An unchanged callback that catches the stop and acks anyway is released, like a job."""
 
-    def legacy(message: Any) -> None:
+    def unchanged(message: Any) -> None:
         try:
             message.job.step("a", lambda: 1)
         except ShuttingDown:
             pass
         message.ack()
 
-    w = world(legacy)
+    w = world(unchanged)
     w.wrapped.stop_jobs()
     assert w.deliver(FakeMessage(op="k")) == "nack"
     assert (w.record()["status"], w.record()["attempts"]) == ("released", 0)
