@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from google.cloud.pubsub_v1.subscriber.message import Message
 
@@ -211,12 +211,25 @@ def subscription_of(message: Message) -> str | None:
     return subscription if isinstance(subscription, str) else None
 
 
-def exactly_once(handler: Callable[..., Any] | None = None, **options: Unpack[Options]) -> Any:
+@overload
+def exactly_once(handler: Callable[..., Any], **options: Unpack[Options]) -> ExactlyOnce: ...
+
+
+@overload
+def exactly_once(
+    handler: None = None, **options: Unpack[Options]
+) -> Callable[[Callable[..., Any]], ExactlyOnce]: ...
+
+
+def exactly_once(
+    handler: Callable[..., Any] | None = None, **options: Unpack[Options]
+) -> ExactlyOnce | Callable[[Callable[..., Any]], ExactlyOnce]:
     """Wrap a callback for exactly-once processing; usable bare or with arguments.
 
     ``@exactly_once`` or ``@exactly_once(settings=..., firestore_client=...)``.
     Returns an :class:`ExactlyOnce`, which takes ``(message)`` like any
-    Pub/Sub callback.
+    Pub/Sub callback; with arguments and no handler, the decorator that makes one
+    (typed both ways, so an editor knows what the decorated name is).
     """
 
     def wrap(fn: Callable[..., Any]) -> ExactlyOnce:

@@ -568,7 +568,7 @@ def test_a_conflict_that_cannot_be_settled_defers(world: Callable[..., World]) -
 
 def test_what_is_not_callable_is_refused_at_wrap_time() -> None:
     with pytest.raises(TypeError, match="must be callable"):
-        pubsub_worker.exactly_once("handler")  # type: ignore[arg-type]
+        pubsub_worker.exactly_once("handler")  # type: ignore[call-overload]
 
 
 def test_a_handler_returning_a_coroutine_is_never_completed(world: Callable[..., World]) -> None:
