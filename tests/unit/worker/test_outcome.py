@@ -525,7 +525,9 @@ def test_a_failure_path_that_fails_defers_and_loses_nothing(world: Callable[...,
     assert len(w.reviews()) == 1
 
 
-def test_an_unchanged_callbacks_ack_nack_and_shutdown(world: Callable[..., World]) -> None:
+def test_an_unchanged_callbacks_ack_completes_the_job_and_its_nack_releases_it(
+    world: Callable[..., World],
+) -> None:
     def unchanged(message: Any) -> None:
         message.job.step("a", lambda: 1)
         if message.data == b"nack":
@@ -540,7 +542,9 @@ def test_an_unchanged_callbacks_ack_nack_and_shutdown(world: Callable[..., World
     assert (w.record("n")["status"], w.record("n")["attempts"]) == ("released", 1)
 
 
-def test_an_unchanged_callbacks_ack_during_shutdown_releases(world: Callable[..., World]) -> None:
+def test_an_unchanged_callback_that_acks_during_shutdown_is_released(
+    world: Callable[..., World],
+) -> None:
     """An unchanged callback that catches the stop and acks anyway is released, like a job."""
 
     def unchanged(message: Any) -> None:
