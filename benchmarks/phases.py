@@ -49,7 +49,6 @@ PHASES: dict[str, tuple[Callable[..., Any], ...]] = {
         ExactlyOnce.__call__,
         Engine.deliver,
         DeliveryFlow.__init__,
-        DeliveryTracker.seen,
         DeliveryTracker.register,
         LeaseKeeper.watch,
     ),

@@ -49,6 +49,9 @@ class Delivery:
     """Set when this delivery no longer owns the message (see :attr:`lost_why`)."""
     lost_why: str = ""
     """Why: Pub/Sub refused the ack id, or the lease was given up for lack of progress."""
+    follows: bool = False
+    """Another delivery of its message was in flight in this process when it arrived: a
+    redelivery, whatever its delivery attempt says."""
     successor: Delivery | None = None
     """A newer delivery of the same message in this process: it settles the message, this one
     never does (its ack id is stale); it waits for this one while it runs."""
@@ -93,14 +96,10 @@ class DeliveryTracker:
             previous = self._latest.get(message_id)
             if previous is not None:
                 previous.successor = delivery
+                delivery.follows = True
             self._latest[message_id] = delivery
             self._running[delivery.digest] = delivery
         return delivery
-
-    def seen(self, message_id: str) -> bool:
-        """Whether a delivery of this message is in flight in this process."""
-        with self._lock:
-            return message_id in self._latest
 
     def is_current(self, delivery: Delivery) -> bool:
         """True while ``delivery`` is the latest one of its message and not known lost.
@@ -108,7 +107,7 @@ class DeliveryTracker:
         Only a current delivery settles on Pub/Sub (acks, nacks, defers); this
         is the ``generation`` fence (:mod:`pubsub_worker._support.fences`).
         """
-        if fences.off("generation"):
+        if "generation" in fences.OFF:
             return True  # switched off in a test: a superseded delivery goes on and settles
         if delivery.lost.is_set():
             return False
@@ -118,7 +117,7 @@ class DeliveryTracker:
     @staticmethod
     def owns(delivery: Delivery) -> bool:
         """The delivery may go on with its job: not lost (a newer delivery here adopts it)."""
-        return fences.off("generation") or not delivery.lost.is_set()
+        return "generation" in fences.OFF or not delivery.lost.is_set()
 
     def abandoned(self, message_id: str, digest: str, now: float | None = None) -> bool:
         """This process holds the delivery ``digest`` of ``message_id``, past its cap.
@@ -130,7 +129,7 @@ class DeliveryTracker:
             delivery = self._running.get(digest)
         if delivery is None or delivery.message_id != message_id:
             return False
-        return fences.off("adoption") or delivery.past_cap(now)
+        return "adoption" in fences.OFF or delivery.past_cap(now)
 
     def forget(self, delivery: Delivery) -> None:
         """Drop ``delivery`` once it ended; it stays the latest only while no newer one exists."""
@@ -208,7 +207,7 @@ class KeyGate:
         if holder.past_cap(now):
             return True  # abandoned: the claim will wait for its lease as another process would
         same_message = holder.message_id == delivery.message_id
-        return same_message and fences.off("adoption") and holder.generation < delivery.generation
+        return same_message and "adoption" in fences.OFF and holder.generation < delivery.generation
 
     def release(self, key: str, delivery: Delivery) -> None:
         """Give ``key`` up, if ``delivery`` still holds it."""

@@ -105,7 +105,9 @@ class Budget:
 
     def check(self, name: str, result: str, entries: list[OutboxEntry]) -> int:
         """Bytes step ``name`` needs; :class:`DocumentTooLarge` if they do not fit."""
-        needed = step_bytes(name, result) + sum(entry_bytes(e) for e in entries)
+        needed = step_bytes(name, result)
+        if entries:
+            needed += sum(entry_bytes(e) for e in entries)
         if self.used + needed > STEPS_BUDGET_BYTES:
             raise DocumentTooLarge(
                 f"step {name!r} would bring the job document to about "
@@ -167,6 +169,12 @@ def unencodable_at(text: str) -> int | None:
     return None
 
 
+_VALID_NAMES: set[str] = set()
+"""Step names found valid: a worker's handlers name the same few steps in every job, checked
+once each (cleared past :data:`_VALID_NAMES_KEPT`, so names made per job cost no memory)."""
+_VALID_NAMES_KEPT = 1024
+
+
 def check_step_name(name: str) -> None:
     """``ValueError`` unless ``name`` is a non-empty string of at most 256 UTF-8 bytes.
 
@@ -174,6 +182,18 @@ def check_step_name(name: str) -> None:
     the job document, which Firestore would refuse, and escaping it would
     name another step.
     """
+    try:
+        if name in _VALID_NAMES:
+            return
+    except TypeError:  # not hashable: not a string, refused below
+        pass
+    _check_new_step_name(name)
+    if len(_VALID_NAMES) >= _VALID_NAMES_KEPT:
+        _VALID_NAMES.clear()
+    _VALID_NAMES.add(name)
+
+
+def _check_new_step_name(name: str) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("a step name is a non-empty string")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_STEP_NAME_BYTES:

@@ -264,7 +264,7 @@ class JobCore(JobOwnership):
     def stage_step(self, name: str, value: Any) -> StagedStep:
         """:meth:`record_step` up to its write (no I/O): the record staged, what is left."""
         result = encode(name, value)
-        changes, entries = self.outbox_changes(name)
+        changes, entries = self.outbox_changes(name) if self._step_outbox else ({}, [])
         self._budget.take(name, result, entries)
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._steps[name] = result
@@ -347,7 +347,7 @@ class JobCore(JobOwnership):
         the write is not waited for where the store can tell (``FencedDocument.write_then``).
         """
         self._check_owner()
-        if not fences.off("outbox"):  # switched off in a test: completed with entries unsent
+        if "outbox" not in fences.OFF:  # switched off in a test: completed with entries unsent
             self.publish_unsent()
         self._concluding = True
         if then is None:

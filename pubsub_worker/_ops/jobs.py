@@ -276,7 +276,7 @@ def _why_not(view: JobView, expect_epoch: int | None) -> tuple[ReleaseOutcome, s
             "in the failure path: nothing to release; run it again with "
             "`pubsub-worker jobs replay KEY`"
         )
-    if expect_epoch is not None and view.epoch != expect_epoch and not fences.off("expect-epoch"):
+    if expect_epoch is not None and view.epoch != expect_epoch and "expect-epoch" not in fences.OFF:
         return ReleaseOutcome.REFUSED, (
             f"at epoch {view.epoch}, not {expect_epoch}: it was claimed or released since; "
             "look again (jobs show)"

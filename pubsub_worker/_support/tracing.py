@@ -188,7 +188,7 @@ class MeasuredStep:
 
     def __enter__(self) -> None:
         self._start = time.monotonic()
-        if self._trace is not None:
+        if self._trace is not None and self._trace.recording:
             span = self._trace.step(self._name)
             span.__enter__()
             self._span = span

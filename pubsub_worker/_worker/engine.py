@@ -355,7 +355,6 @@ class Engine:
             return None
         rt.hooks.received(message.message_id)
         rt.metrics.inc(Counter.RECEIVED)
-        seen = rt.tracker.seen(message.message_id)
         delivery = rt.tracker.register(
             message.message_id,
             message.ack_id,
@@ -374,7 +373,7 @@ class Engine:
                 log.error("refused: %s", wrong)
                 flow.conclude(Happened(Phase.RECEIPT, error=ConfigError(wrong)))
             else:
-                flow.run(seen)
+                flow.run()
         except Exception as exc:
             log.exception("unexpected error")
             if not flow.detached:

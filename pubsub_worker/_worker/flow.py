@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from _thread import RLock  # threading.RLock's C lock, without its Python call
 from collections.abc import Callable
 
 from google.cloud.pubsub_v1.subscriber.message import Message
@@ -69,7 +70,7 @@ class DeliveryFlow:
     ) -> None:
         self._run_handler = run_handler
         self._gate_doc: str | None = None  # the key this delivery holds
-        self._lock = threading.RLock()  # held while concluding: the first conclusion wins
+        self._lock = RLock()  # held while concluding: the first conclusion wins
         self._state = threading.Lock()  # guards _detached, _counted, _ended (never held for I/O)
         self._detached = False  # whoever concludes this delivery ends it, not the callback
         self._counted = False  # concluded elsewhere, counted by the completer (drain waits)
@@ -90,7 +91,7 @@ class DeliveryFlow:
         self._continued: tuple[Decision, BaseException | None] | None = None
         self._answer = SettledAnswer()
 
-    def run(self, seen: bool) -> None:
+    def run(self) -> None:
         rt, message = self._rt, self._message
         identity = identify(rt, message)
         if isinstance(identity, Happened):
@@ -107,7 +108,7 @@ class DeliveryFlow:
             return
         self._gate_doc = identity.doc_id
         # Claim, start, run: a step that cannot go on concludes the delivery and gives None.
-        claimed = self._claim(identity, seen)
+        claimed = self._claim(identity)
         job = self._start(identity, claimed) if claimed is not None else None
         if job is not None:
             self._run_handler(message, job, self)
@@ -255,11 +256,11 @@ class DeliveryFlow:
         finally:
             self._end()
 
-    def _claim(self, identity: JobIdentity, seen: bool) -> Claim | None:
+    def _claim(self, identity: JobIdentity) -> Claim | None:
         """The claim of the job (:func:`~.claiming.claim_job`); None if concluded instead."""
         message = self._message
         request = claim_request(self._rt, identity, self._delivery, self.trace.trace_parent())
-        redelivery = seen or (message.delivery_attempt or 1) > 1
+        redelivery = self._delivery.follows or (message.delivery_attempt or 1) > 1
         got = claim_job(
             self._rt, request, message=message, delivery=self._delivery, redelivery=redelivery
         )

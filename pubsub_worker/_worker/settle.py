@@ -120,7 +120,7 @@ def ack_early(message: Settleable) -> None:
     Called just before a completion is written; :func:`settle` then reports
     this ack's answer instead of sending another.
     """
-    if fences.off("durable-ack"):
+    if "durable-ack" in fences.OFF:
         _EARLY[id(message)] = message.ack_with_response()
 
 

@@ -203,7 +203,9 @@ class FirestoreJobStore:
         def run(transaction: Any) -> Any:
             snap = ref.get(transaction=transaction, timeout=self._rpc_timeout_s)
             # The ``transaction`` fence: the job is at the version its owner last wrote.
-            if not snap.exists or (snap.update_time != expected and not fences.off("transaction")):
+            if not snap.exists or (
+                snap.update_time != expected and "transaction" not in fences.OFF
+            ):
                 raise VersionConflict(doc_id)
             result = body(transaction)
             data = {_path(path): value for path, value in changes(result).items()}

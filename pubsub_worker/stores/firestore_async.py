@@ -86,7 +86,7 @@ async def transact_async(
     async def run(transaction: Any) -> Any:
         snap = await ref.get(transaction=transaction)
         # The ``transaction`` fence: the job is at the version its owner last wrote.
-        if not snap.exists or (snap.update_time != expected and not fences.off("transaction")):
+        if not snap.exists or (snap.update_time != expected and "transaction" not in fences.OFF):
             raise VersionConflict(doc_id)
         result = await body(transaction)
         data = {FieldPath(*path).to_api_repr(): value for path, value in changes(result).items()}

@@ -101,7 +101,10 @@ class MemoryJobStore:
             return self._put(doc_id, copied)
 
     def update(self, doc_id: str, changes: Changes, *, expected: Version) -> Version:
-        values = {path: _copy(value) for path, value in changes.items()}
+        values = {
+            path: value if type(value) in _SHARED else _copy(value)
+            for path, value in changes.items()
+        }
         with self._lock:
             self._check(doc_id, expected)
             return self._put(doc_id, _changed(self._docs[doc_id][0], values))
@@ -128,7 +131,7 @@ class MemoryJobStore:
         """
         # The transaction's version check; switched off in a test (``fences``), a
         # transaction writes over whatever version the job is at.
-        check = self._check if not fences.off("transaction") else self._check_exists
+        check = self._check if "transaction" not in fences.OFF else self._check_exists
         for _ in range(_MAX_ATTEMPTS):
             with self._lock:
                 check(doc_id, expected)

@@ -31,6 +31,17 @@ def test_a_newer_delivery_is_current_and_the_older_one_is_adopted() -> None:
     assert not tracker.is_current(new)  # once forgotten, nothing is current
 
 
+def test_a_delivery_follows_another_only_while_one_of_its_message_is_in_flight() -> None:
+    tracker = DeliveryTracker()
+    first = tracker.register("m1", "a1")
+    second = tracker.register("m1", "a2")  # the first one still runs: a redelivery
+    other = tracker.register("m2", "b1")
+    assert (first.follows, second.follows, other.follows) == (False, True, False)
+    tracker.forget(first)
+    tracker.forget(second)
+    assert not tracker.register("m1", "a3").follows  # nothing of m1 in flight any more
+
+
 def test_a_lost_delivery_is_neither_current_nor_an_owner() -> None:
     tracker = DeliveryTracker()
     delivery = tracker.register("m1", "ack")

@@ -21,6 +21,7 @@ import pubsub_worker
 from pubsub_worker._job.failure import FailurePath, rejected_document_id
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.outbox import Outgoing, check_outgoing, effect_key
+from pubsub_worker._job import records
 from pubsub_worker._job.records import check_step_name, encodable_text, unencodable_at
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import LimitExceeded, PermanentError
@@ -161,6 +162,21 @@ def test_a_step_name_with_a_lone_surrogate_is_refused() -> None:
     with pytest.raises(ValueError, match="not valid UTF-8") as raised:
         check_step_name(f"upload {NAME}")
     str(raised.value).encode("utf-8")  # the error itself can be stored
+
+
+@pytest.mark.parametrize("name", ["", "x" * 257, "é" * 129, b"bytes", None, ["a"], f"a{NAME}"])
+def test_a_bad_step_name_is_refused_every_time_it_is_given(name: Any) -> None:
+    for _ in range(2):  # a refused name is never taken for a checked one
+        with pytest.raises(ValueError, match="step name"):
+            check_step_name(name)
+
+
+def test_valid_step_names_are_checked_once_and_the_memory_of_them_is_bounded() -> None:
+    check_step_name("x" * 256)
+    check_step_name("é" * 128)
+    for n in range(records._VALID_NAMES_KEPT * 2):
+        check_step_name(f"made per job {n}")
+    assert 0 < len(records._VALID_NAMES) <= records._VALID_NAMES_KEPT
 
 
 def test_a_step_named_with_a_lone_surrogate_never_runs_and_its_error_is_recorded(

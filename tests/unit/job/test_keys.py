@@ -1,5 +1,6 @@
 """Keys are hostile input: document ids never contain them raw."""
 
+import hashlib
 import re
 
 import pytest
@@ -20,6 +21,19 @@ def test_document_ids_are_hex_digests_whatever_the_key(key: str) -> None:
     doc_id = document_id(SUB, key)
     assert HEX64.match(doc_id)
     assert doc_id == document_id(SUB, key)  # stable
+
+
+@pytest.mark.parametrize("key", ["k", "a/b", "\udcff", "x" * 300])
+@pytest.mark.parametrize("namespace", ["job", "rejected"])
+def test_document_ids_are_the_documented_digest(namespace: str, key: str) -> None:
+    """SHA-256 of the namespace, the subscription and the key, each preceded by its length in
+    8 bytes, as the module documents: cached or not, every process finds a job at one id."""
+    expected = hashlib.sha256()
+    for part in (namespace, SUB, key):
+        raw = part.encode("utf-8", "surrogatepass")
+        expected.update(len(raw).to_bytes(8, "big") + raw)
+    for _ in range(2):  # the second time from the subscription's cached prefix
+        assert document_id(SUB, key, namespace=namespace) == expected.hexdigest()
 
 
 def test_namespacing_separates_subscriptions_and_record_kinds() -> None:
