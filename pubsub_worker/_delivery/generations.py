@@ -172,6 +172,7 @@ class KeyGate:
         # every delivery takes it twice.
         self._lock = threading.Lock()  # guards _holders
         self._cond = threading.Condition(self._lock)
+        self._waiting = 0  # deliveries waiting for a key: a release without any notifies none
         self._holders: dict[str, Delivery] = {}
 
     def acquire(
@@ -200,7 +201,11 @@ class KeyGate:
                 remaining = start + limit - now
                 if remaining <= 0:
                     return GateAnswer.TIMEOUT
-                self._cond.wait(min(remaining, 1.0, max(holder.time_left_s(now), 0.01)))
+                self._waiting += 1
+                try:
+                    self._cond.wait(min(remaining, 1.0, max(holder.time_left_s(now), 0.01)))
+                finally:
+                    self._waiting -= 1
 
     @staticmethod
     def _passed_over(holder: Delivery, delivery: Delivery, now: float) -> bool:
@@ -214,7 +219,8 @@ class KeyGate:
         with self._lock:
             if self._holders.get(key) is delivery:
                 del self._holders[key]
-                self._cond.notify_all()
+                if self._waiting:
+                    self._cond.notify_all()
 
     def wake(self) -> None:
         """Wake every waiter (the worker started draining)."""

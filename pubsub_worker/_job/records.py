@@ -94,9 +94,11 @@ class Budget:
     """What the job document's step records and outbox entries use, against the budget."""
 
     def __init__(self, record: JobRecord) -> None:
-        self.used = sum(step_bytes(n, r.result) for n, r in record.steps.items()) + sum(
-            entry_bytes(e) for e in record.outbox.values()
-        )
+        self.used = 0  # a first claim's record: nothing recorded yet
+        if record.steps:
+            self.used += sum(step_bytes(n, r.result) for n, r in record.steps.items())
+        if record.outbox:
+            self.used += sum(entry_bytes(e) for e in record.outbox.values())
 
     @property
     def room(self) -> int:

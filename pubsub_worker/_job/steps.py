@@ -29,9 +29,7 @@ from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._support import fences
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace, MeasuredStep
-from pubsub_worker.errors import (
-    OutboxUnsent,
-)
+from pubsub_worker.errors import OutboxUnsent
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, OutboxEntry, Version
 
@@ -86,7 +84,9 @@ class JobCore(JobOwnership):
             log=log,
         )
         self._trace = trace
-        self._steps: dict[str, str] = {name: r.result for name, r in record.steps.items()}
+        self._steps: dict[str, str] = (
+            {name: r.result for name, r in record.steps.items()} if record.steps else {}
+        )
         pending = unsent(record.outbox) if record.outbox else None  # most jobs never publish
         self._outbox = Outbox(pending, context, log) if pending else None
         self._budget = Budget(record)

@@ -72,6 +72,8 @@ class DeliveryTrace:
     def __init__(self, message: Any, subscription: str) -> None:
         self._span: Any = None
         self._own = False
+        self.spanned = False
+        """A span is open for the delivery (an SDK is set): else every call here is a no-op."""
         if _tracer is None or not _provider_set():
             return  # nothing would be recorded: no span, no attributes
         current = _trace.get_current_span()
@@ -82,6 +84,7 @@ class DeliveryTrace:
                 f"{subscription.rsplit('/', 1)[-1]} process", kind=_trace.SpanKind.CONSUMER
             )
             self._own = True
+        self.spanned = True
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
             "messaging.operation.type": "process",

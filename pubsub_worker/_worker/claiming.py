@@ -234,20 +234,22 @@ def start_job(
         trace=trace,
     )
     rt.keeper.attach(ticket, job, identity.key)
-    trace.claimed(
-        key=identity.key,
-        epoch=job.epoch,
-        generation=delivery.generation,
-        attempt=job.attempt,
-        first=claimed.record.trace_parent,
-    )
+    record = claimed.record
+    if trace.spanned:
+        trace.claimed(
+            key=identity.key,
+            epoch=record.epoch,
+            generation=delivery.generation,
+            attempt=record.attempts,
+            first=record.trace_parent,
+        )
     try:
         job.publish_unsent()  # earlier owners' entries go out before anything else
     except Exception as exc:  # noqa: BLE001 - OutboxUnsent or LostOwnership
         return job, Happened(Phase.CLAIM, error=exc, claim=ClaimKind.CLAIMED)
     first = decide(
         Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
-        attempts=job.attempt,
+        attempts=record.attempts,
         max_attempts=rt.settings.max_attempts,
     )
     return job, (first if first.outcome is not Outcome.RUN else None)

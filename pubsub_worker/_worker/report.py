@@ -97,7 +97,8 @@ def ended(
     """End the delivery's span and observe its duration (since ``started``, monotonic seconds)."""
     outcome = decision.outcome
     error_type = None if outcome.fine else decision.error_type
-    trace.ended(outcome.value, error_type or outcome.lost_error_type)
+    if trace.spanned:
+        trace.ended(outcome.value, error_type or outcome.lost_error_type)
     elapsed = time.monotonic() - started
     if not metrics.exporting:  # the attributes are for OpenTelemetry alone
         metrics.observe(Histogram.PROCESS_DURATION, elapsed)

@@ -257,11 +257,13 @@ def settle_delivery(
         decision = Decision(Outcome.DROP, why, phase=decision.phase)
     message_id = message.message_id
     hooks = rt.hooks
-    if decision.outcome.acks:
+    acks = decision.outcome.acks
+    outcome = decision.outcome._value_  # its value, without the enum's descriptor calls
+    if acks:
         hooks.before_ack(key, message_id)
 
     def acked(result: str) -> None:
-        hooks.settled(message_id, decision.outcome.value, result)
+        hooks.settled(message_id, outcome, result)
         answer.set(Settled(decision, result))
 
     published, arrival = order
@@ -275,6 +277,6 @@ def settle_delivery(
         acks=rt.acks,
         awaited=answer.asked,
     )
-    if not decision.outcome.acks:
-        hooks.settled(message_id, decision.outcome.value, None)
+    if not acks:
+        hooks.settled(message_id, outcome, None)
         answer.set(Settled(decision))
