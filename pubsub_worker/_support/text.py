@@ -20,6 +20,8 @@ def raw(text: str) -> bytes:
 
 def display(text: str, limit: int = KEY_DISPLAY_BYTES) -> str:
     """``text`` made safe to store and log: valid UTF-8, at most ``limit`` bytes, then ``…``."""
+    if len(text) <= limit and text.isascii():  # most keys: nothing to change
+        return text
     clean = raw(text).decode("utf-8", "replace").encode()
     if len(clean) <= limit:
         return clean.decode()

@@ -61,7 +61,7 @@ def count(
         metrics.inc(counter, phase=_lost_phase(decision, renewal_lost))
     else:
         metrics.inc(counter)
-    if not log.isEnabledFor(level):
+    if not log.logger.isEnabledFor(level):  # the adapter's own would add a call
         return  # no record: nothing to fill in
     fields: dict[str, object] = {"why": decision.why, "delay": decision.delay_s}
     if decision.outcome is Outcome.COMPLETE:
