@@ -27,7 +27,6 @@ from pubsub_worker._job import endings
 from pubsub_worker._job.claim import ClaimKind, claim
 from pubsub_worker._job.lease import now_utc
 from pubsub_worker._job.records import encode
-from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.logs import job_logger
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace
@@ -71,7 +70,7 @@ class _Lean:
         self.message = message
         self.step_name = step_name
         self.last_progress = time.monotonic()
-        self.abandoned = Flag()
+        self.abandoned = False
         self.held = False
         self.settling = False
         self.attempt = 0

@@ -22,10 +22,9 @@ import itertools
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pubsub_worker._support import fences
-from pubsub_worker._support.flag import Flag
 
 __all__ = ["Delivery", "DeliveryTracker", "GateAnswer", "KeyGate", "OrderingKeys"]
 
@@ -45,8 +44,9 @@ class Delivery:
     digest: str
     deadline: float = math.inf
     """``time.monotonic()`` when its processing cap passes (receipt + cap)."""
-    lost: Flag = field(default_factory=Flag)
-    """Set when this delivery no longer owns the message (see :attr:`lost_why`)."""
+    lost: bool = False
+    """This delivery no longer owns the message (see :attr:`lost_why`); set once, by
+    :meth:`give_up`, from any thread (one attribute: read and written atomically)."""
     lost_why: str = ""
     """Why: Pub/Sub refused the ack id, or the lease was given up for lack of progress."""
     follows: bool = False
@@ -58,9 +58,9 @@ class Delivery:
 
     def give_up(self, why: str) -> None:
         """Mark this delivery lost; the first reason given is kept."""
-        if not self.lost.is_set():
-            self.lost_why = why
-            self.lost.set()
+        if not self.lost:
+            self.lost_why = why  # before the flag: whoever sees it lost finds the reason
+            self.lost = True
 
     def time_left_s(self, now: float | None = None) -> float:
         """Seconds until its processing cap passes (negative past it)."""
@@ -109,7 +109,7 @@ class DeliveryTracker:
         """
         if "generation" in fences.OFF:
             return True  # switched off in a test: a superseded delivery goes on and settles
-        if delivery.lost.is_set():
+        if delivery.lost:
             return False
         with self._lock:
             return self._latest.get(delivery.message_id) is delivery
@@ -117,7 +117,7 @@ class DeliveryTracker:
     @staticmethod
     def owns(delivery: Delivery) -> bool:
         """The delivery may go on with its job: not lost (a newer delivery here adopts it)."""
-        return "generation" in fences.OFF or not delivery.lost.is_set()
+        return "generation" in fences.OFF or not delivery.lost
 
     def abandoned(self, message_id: str, digest: str, now: float | None = None) -> bool:
         """This process holds the delivery ``digest`` of ``message_id``, past its cap.

@@ -57,7 +57,6 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
-from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.logs import JobLogger, job_logger
 from pubsub_worker._support.metrics import Counter, Metrics
 
@@ -87,7 +86,7 @@ class TrackedJob(Protocol):
     """The part of a job the keeper reads (and the flag it may set)."""
 
     last_progress: float
-    abandoned: Flag
+    abandoned: bool
     held: bool
 
     @property
@@ -204,7 +203,7 @@ class LeaseKeeper:
             ticket.attached_at = now
             job.last_progress = max(job.last_progress, now)
             if ticket.received_at + self._max_processing_s <= now:
-                job.abandoned.set()  # it waited past the cap before it could start
+                job.abandoned = True  # it waited past the cap before it could start
 
     def hold(self, ticket: Ticket, expire: Callable[[], None]) -> None:
         """The message is held by the user's own threads: ``expire`` concludes it past the cap.
@@ -214,7 +213,7 @@ class LeaseKeeper:
         """
         with self._lock:
             ticket.expire = expire
-            late = ticket.job is not None and ticket.job.abandoned.is_set()
+            late = ticket.job is not None and ticket.job.abandoned
         if late:
             self._metrics.inc(Counter.ABANDONED)
             self._submit(expire)
@@ -257,9 +256,9 @@ class LeaseKeeper:
 
     def _tick_one(self, ticket: Ticket, now: float) -> None:
         job = ticket.job
-        if ticket.done or ticket.delivery.lost.is_set():
+        if ticket.done or ticket.delivery.lost:
             return
-        if job is not None and job.abandoned.is_set():
+        if job is not None and job.abandoned:
             return
         if now - ticket.received_at > self._max_processing_s:
             self._abandon(ticket, now)
@@ -292,7 +291,7 @@ class LeaseKeeper:
     def _abandon(self, ticket: Ticket, now: float) -> None:
         """Past the cap: the job stops at its next boundary; a held message is concluded."""
         if ticket.job is not None:
-            ticket.job.abandoned.set()
+            ticket.job.abandoned = True
         self._metrics.inc(Counter.ABANDONED)
         _log(ticket).warning(
             "abandoned after %.0f s (MAX_PROCESSING_SECONDS)", now - ticket.received_at

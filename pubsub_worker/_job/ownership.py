@@ -18,7 +18,6 @@ import time
 import weakref
 
 from pubsub_worker._delivery.generations import Delivery
-from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker.errors import LostOwnership, ProcessingTimeout, ShuttingDown
 from pubsub_worker.stores.base import JobRecord, Version
@@ -71,8 +70,8 @@ class JobOwnership:
         self.stop_error: LostOwnership | None = None
         """The stop signal this job raised to its handler, if any: it decides the outcome."""
         self.last_progress = time.monotonic()
-        self.abandoned = Flag()
-        """Set by the lease keeper when the job ran past ``MAX_PROCESSING_SECONDS``."""
+        self.abandoned = False
+        """Set (True, once) by the lease keeper when the job ran past ``MAX_PROCESSING_SECONDS``."""
         self.held = False
         """The callback returned without ``ack()`` or ``nack()``: the message is in the user's
         hands (a hand-off to their own threads). Both leases are kept, as the stock client
@@ -184,7 +183,7 @@ class JobOwnership:
     def _check(self) -> None:
         self._check_open()
         self._check_owner()
-        if self.abandoned.is_set():
+        if self.abandoned:
             raise self._stop(ProcessingTimeout("the job ran past MAX_PROCESSING_SECONDS"))
         if self._ctx.stopping.is_set():
             raise self._stop(ShuttingDown("the worker is shutting down"))

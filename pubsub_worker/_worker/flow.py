@@ -338,7 +338,7 @@ class DeliveryFlow:
         """After its write: the decision taken, counted, settled on Pub/Sub and reported."""
         self.decision = decision
         rt = self._rt
-        lost = self._delivery.lost.is_set()
+        lost = self._delivery.lost
         report.count(
             decision,
             metrics=rt.metrics,

@@ -11,7 +11,6 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import LeaseKeeper, Ticket
-from pubsub_worker._support.flag import Flag
 from pubsub_worker._support.metrics import Counter, Metrics
 
 T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and tick()
@@ -20,7 +19,7 @@ T0 = 1000.0  # a monotonic instant; every test passes its clock to attach() and 
 class FakeJob:
     def __init__(self) -> None:
         self.last_progress = T0
-        self.abandoned = Flag()
+        self.abandoned = False
         self.unsent_count = 0
         self.held = False
         self.settling = False
@@ -109,9 +108,9 @@ def test_steady_heartbeats_keep_a_job_for_many_leases() -> None:
         job.last_progress = T0 + second - 0.5
         k.tick(T0 + second)
     assert len(message.renewals) == 94 // 5
-    assert not delivery.lost.is_set()
+    assert not delivery.lost
     assert message.dropped == 0
-    assert not job.abandoned.is_set()
+    assert not job.abandoned
 
 
 def test_progress_before_half_a_lease_waits() -> None:
@@ -130,7 +129,7 @@ def test_a_job_without_progress_for_a_lease_is_given_up() -> None:
     k.tick(T0 + 9.9)
     assert message.dropped == 0
     k.tick(T0 + 10)
-    assert delivery.lost.is_set()
+    assert delivery.lost
     assert "no progress" in delivery.lost_why
     assert message.dropped == 1
     assert metrics.get(Counter.STALLED) == 1
@@ -145,7 +144,7 @@ def test_invalid_ack_id_on_renewal_marks_the_delivery_lost() -> None:
     _, delivery = watched(k, message, job)
     job.last_progress = T0 + 5.5
     k.tick(T0 + 6)
-    assert delivery.lost.is_set()
+    assert delivery.lost
     assert delivery.lost_why == "Pub/Sub refused this delivery's ack id"
     assert metrics.get(Counter.RENEWAL_FAILURES) == 1
 
@@ -157,7 +156,7 @@ def test_other_renewal_errors_do_not_lose_ownership() -> None:
     _, delivery = watched(k, message, job)
     job.last_progress = T0 + 5.5
     k.tick(T0 + 6)
-    assert not delivery.lost.is_set()
+    assert not delivery.lost
     assert metrics.get(Counter.RENEWAL_FAILURES) == 1
 
 
@@ -170,7 +169,7 @@ def test_the_cap_counts_from_receipt() -> None:
     k.attach(ticket, job, "k", now=T0 + 25)
     job.last_progress = T0 + 30.5
     k.tick(T0 + 31)
-    assert job.abandoned.is_set()
+    assert job.abandoned
     assert message.dropped == 1
     assert metrics.get(Counter.ABANDONED) == 1
     renewals = len(message.renewals)
@@ -184,7 +183,7 @@ def test_a_job_claimed_after_the_cap_is_abandoned_at_once() -> None:
     delivery = Delivery("m1", "ack-1", 1, "d1")
     ticket = k.watch(message, delivery, received_at=time.monotonic() - 31, published_at=time.time())
     k.attach(ticket, job, "k")
-    assert job.abandoned.is_set()
+    assert job.abandoned
 
 
 def test_gauges_follow_the_messages_in_hand() -> None:
@@ -258,7 +257,7 @@ def test_a_held_message_past_the_cap_is_concluded_not_dropped() -> None:
     k.tick(T0 + 31)
     assert expired.wait(5)  # a failed attempt: released and nacked by the flow
     assert message.dropped == 0
-    assert job.abandoned.is_set()
+    assert job.abandoned
     assert metrics.get(Counter.ABANDONED) == 1
     k.stop()
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import pubsub_worker
+from pubsub_worker._job import records
 from pubsub_worker._job.failure import FailurePath, rejected_document_id
 from pubsub_worker._job.keys import document_id
 from pubsub_worker._job.outbox import Outgoing, check_outgoing, effect_key
-from pubsub_worker._job import records
 from pubsub_worker._job.records import check_step_name, encodable_text, unencodable_at
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.errors import LimitExceeded, PermanentError
