@@ -184,14 +184,13 @@ class KeyGate:
         (its adopter waits for it), and at most ``other_s`` of that for another
         message's delivery.
         """
-        start = time.monotonic()
+        start = now = time.monotonic()
         with self._lock:
             while True:
                 if not self._tracker.is_current(delivery):
                     return GateAnswer.SUPERSEDED
                 if self._draining.is_set():
                     return GateAnswer.DRAINING
-                now = time.monotonic()
                 holder = self._holders.get(key)
                 if holder is None or self._passed_over(holder, delivery, now):
                     self._holders[key] = delivery
@@ -206,6 +205,7 @@ class KeyGate:
                     self._cond.wait(min(remaining, 1.0, max(holder.time_left_s(now), 0.01)))
                 finally:
                     self._waiting -= 1
+                now = time.monotonic()
 
     @staticmethod
     def _passed_over(holder: Delivery, delivery: Delivery, now: float) -> bool:

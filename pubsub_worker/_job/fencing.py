@@ -133,9 +133,10 @@ class FencedDocument:
         """``time.monotonic()`` of our last write (the claim's, at first): the lease's renewal."""
         return self._last_write
 
-    def lease_due(self) -> bool:
-        """A write would renew the lease now (:func:`~pubsub_worker._job.lease.renewal_due`)."""
-        return renewal_due(self._last_write, self._lease_s)
+    def lease_due(self, now: float | None = None) -> bool:
+        """A write would renew the lease now (:func:`~pubsub_worker._job.lease.renewal_due`;
+        ``now``: ``time.monotonic()``, when the caller read it already)."""
+        return renewal_due(self._last_write, self._lease_s, now)
 
     def lease_changes(self, now: datetime | None = None) -> dict[tuple[str, ...], Any]:
         """The human-readable lease and ``updated_at`` (the update time is the real lease)."""

@@ -200,8 +200,10 @@ class JobOwnership:
             self.stop_error = error  # overrides a cap or a shutdown: nothing can be written now
         return error
 
-    def _progress(self) -> None:
-        self.last_progress = time.monotonic()
+    def _progress(self) -> float:
+        """The job progressed now (the lease keeper renews its leases); now, monotonic."""
+        self.last_progress = now = time.monotonic()
+        return now
 
 
 def _lose(owner: weakref.ref[JobOwnership], why: str) -> LostOwnership:

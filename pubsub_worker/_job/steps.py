@@ -269,12 +269,12 @@ class JobCore(JobOwnership):
         self._ctx.metrics.inc(Counter.STEPS_RUN)
         self._steps[name] = result
         self._doc.stage({(s.STEPS, name): self.step_record(result), **changes})
-        self._progress()
+        now = self._progress()
         # An outbox entry is durable before it is published. And progress renews the Firestore
         # lease whether or not the record had to be written now: a record kept for the next
         # write would leave the lease as the claim set it.
         write_now = bool(entries) or (
-            self._doc.lease_due() and self._ctx.tracker.owns(self._delivery)
+            self._doc.lease_due(now) and self._ctx.tracker.owns(self._delivery)
         )
         return StagedStep(result, entries, write_now, value)
 

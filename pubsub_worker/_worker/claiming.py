@@ -20,6 +20,7 @@ whether its handler runs.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from google.cloud.pubsub_v1.subscriber.message import Message
@@ -57,6 +58,7 @@ MIN_TIME_LEFT_S = 10.0
 """The most of its processing cap a delivery must have left to claim its job."""
 
 
+@functools.lru_cache(maxsize=16)  # one cap per worker: computed once, not per delivery
 def min_time_left_s(cap_s: float) -> float:
     """What a delivery needs left of its cap to claim: a quarter of the cap, 1 to 10 s.
 
@@ -67,10 +69,10 @@ def min_time_left_s(cap_s: float) -> float:
     return min(max(cap_s / 4, 1.0), MIN_TIME_LEFT_S)
 
 
-def spare_s(rt: Runtime, delivery: Delivery) -> float:
+def spare_s(rt: Runtime, delivery: Delivery, now: float | None = None) -> float:
     """How long the delivery may still wait before it must claim (negative: too late)."""
-    left = delivery.time_left_s(time.monotonic())
-    return left - min_time_left_s(rt.settings.max_processing_seconds)
+    now = time.monotonic() if now is None else now
+    return delivery.deadline - now - min_time_left_s(rt.settings.max_processing_seconds)
 
 
 def _too_late() -> Happened:
@@ -162,10 +164,11 @@ def claim_job(
     (read it first).
     """
     settings = rt.settings
-    spare = spare_s(rt, delivery)
+    now = time.monotonic()
+    spare = spare_s(rt, delivery, now)
     if spare <= 0:
         return _too_late()
-    give_up = time.monotonic() + min(BUSY_WAIT_S, settings.lease_seconds, spare)
+    give_up = now + min(BUSY_WAIT_S, settings.lease_seconds, spare)
     try:
         while True:
             if not rt.tracker.is_current(delivery):
