@@ -134,8 +134,7 @@ class FencedDocument:
         return self._last_write
 
     def lease_due(self, now: float | None = None) -> bool:
-        """A write would renew the lease now (:func:`~pubsub_worker._job.lease.renewal_due`;
-        ``now``: ``time.monotonic()``, when the caller read it already)."""
+        """A write would renew the lease ``now`` (monotonic; read here if None): renewal_due."""
         return renewal_due(self._last_write, self._lease_s, now)
 
     def lease_changes(self, now: datetime | None = None) -> dict[tuple[str, ...], Any]:
