@@ -49,7 +49,7 @@ def _copy(value: Any) -> Any:
     back to it. A map's or list's items of an exact immutable type are shared
     without a call of their own (a job's record is mostly strings and numbers).
     """
-    if isinstance(value, _IMMUTABLE):
+    if type(value) in _SHARED:
         return value
     if isinstance(value, dict):
         return {
@@ -57,6 +57,8 @@ def _copy(value: Any) -> Any:
         }
     if isinstance(value, list):
         return [item if type(item) in _SHARED else _copy(item) for item in value]
+    if isinstance(value, _IMMUTABLE):  # a subclass of one
+        return value
     return copy.deepcopy(value)
 
 
