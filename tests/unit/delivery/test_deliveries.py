@@ -83,6 +83,38 @@ def test_a_second_message_with_the_same_key_waits_its_turn() -> None:
     assert order == ["first done", "second"]
 
 
+def test_a_release_wakes_the_delivery_waiting_for_its_key() -> None:
+    """The waiter is notified (its wait returns True), not left to find the key free at its
+    next timed look; a release with nobody waiting notifies nobody."""
+    tracker = DeliveryTracker()
+    gate = KeyGate(tracker)
+    holder, waiter = tracker.register("m1", "a1"), tracker.register("m2", "a2")
+    woken: list[bool] = []
+    waits = gate._cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        notified = waits(timeout)
+        woken.append(notified)
+        return notified
+
+    gate._cond.wait = wait  # type: ignore[method-assign]
+    assert gate.acquire("key", holder, timeout_s=1, other_s=1) is HELD
+    thread = threading.Thread(
+        target=gate.acquire, args=("key", waiter), kwargs={"timeout_s": 30, "other_s": 30}
+    )
+    thread.start()
+    while not woken and gate._waiting == 0:
+        time.sleep(0.01)
+    gate.release("key", holder)
+    thread.join(30)
+    assert woken[-1] is True
+    assert gate._waiting == 0
+    notified: list[int] = []
+    gate._cond.notify_all = lambda: notified.append(1)  # type: ignore[method-assign]
+    gate.release("key", waiter)
+    assert notified == []
+
+
 def test_another_message_waits_at_most_other_s_for_the_key() -> None:
     tracker = DeliveryTracker()
     gate = KeyGate(tracker)
