@@ -30,7 +30,7 @@ from typing import Any
 
 from pubsub_worker._delivery.generations import DeliveryTracker
 from pubsub_worker._delivery.lease import LeaseKeeper
-from pubsub_worker._job.steps import JobCore
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._worker import claiming, report, settle, writes
 from pubsub_worker._worker.engine import Engine
 from pubsub_worker._worker.flow import DeliveryFlow

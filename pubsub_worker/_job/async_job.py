@@ -11,7 +11,7 @@ What writes nothing (the checks before a step, staging its record for the
 next write) runs on the loop itself, without a hand-off.
 
 :class:`AsyncJob` is :class:`~pubsub_worker._job.job.Job` awaited, a face over
-the same :class:`~pubsub_worker._job.steps.JobCore`: the same fences, checked
+the same :class:`~pubsub_worker._job.core.JobCore`: the same fences, checked
 at every ``await job.*`` (``LostOwnership``,
 ``ProcessingTimeout`` and ``ShuttingDown`` are raised there), the same
 records. A step whose task is cancelled while its function runs records
@@ -28,9 +28,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
+from .core import JobCore
 from .job import BaseJob
 from .records import Recorded
-from .steps import JobCore
 
 __all__ = ["AsyncJob", "EventLoopThread", "flush_queued"]
 

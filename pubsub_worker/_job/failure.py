@@ -86,10 +86,10 @@ from pubsub_worker.stores.base import (
     VersionConflict,
 )
 
+from .core import JobCore
 from .keys import display, document_id
 from .lease import now_utc
 from .records import STEPS_BUDGET_BYTES, encodable_text
-from .steps import JobCore
 
 __all__ = ["MAX_STORED_DATA_BYTES", "FailurePath", "rejected_document_id"]
 

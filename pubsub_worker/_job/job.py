@@ -1,7 +1,7 @@
 """The job a handler sees: steps, transactional steps, the outbox and heartbeats.
 
 :class:`Job` is the handler's face over the job's
-:class:`~pubsub_worker._job.steps.JobCore`, which holds the step machinery,
+:class:`~pubsub_worker._job.core.JobCore`, which holds the step machinery,
 the fences and the conclusion (complete, release, fail) that the worker uses
 (imported from here too, by the worker that builds the face).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .core import JobCore
 from .outbox import escape
-from .steps import JobCore
 
 __all__ = ["BaseJob", "Job", "JobCore"]
 

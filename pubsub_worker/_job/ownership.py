@@ -1,6 +1,6 @@
 """Who owns a claimed job: its fenced document, its stop signals and its Firestore lease.
 
-:class:`JobOwnership` is the part of :class:`~pubsub_worker._job.steps.JobCore`
+:class:`JobOwnership` is the part of :class:`~pubsub_worker._job.core.JobCore`
 that decides whether this delivery may still act: the checks every step and
 heartbeat makes (the handler returned, the job finished, another owner, a
 delivery Pub/Sub refused or the keeper gave up, the processing cap, a shutdown;

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
 
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._job.outbox import Outgoing
-from pubsub_worker._job.steps import JobCore
 
 from .outcome import Decision, Happened, Outcome, Phase, Settled
 

@@ -30,9 +30,9 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 from pubsub_worker._delivery.generations import Delivery
 from pubsub_worker._delivery.lease import Ticket
 from pubsub_worker._job.claim import Claim
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._job.fencing import Finish, raising
 from pubsub_worker._job.keys import JobIdentity
-from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter
 from pubsub_worker._support.tracing import DeliveryTrace

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from google.cloud.pubsub_v1.subscriber.message import Message
 
 from pubsub_worker._job.async_job import AsyncJob, EventLoopThread, flush_queued
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._job.job import Job
-from pubsub_worker._job.steps import JobCore
 from pubsub_worker.errors import InvalidHandler, ShuttingDown
 
 from .callback import DeferredMessageProxy, MessageProxy

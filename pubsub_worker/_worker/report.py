@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from logging import INFO, WARNING
 
-from pubsub_worker._job.steps import JobCore
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._support.logs import JobLogger
 from pubsub_worker._support.metrics import Counter, Histogram, Metrics
 from pubsub_worker._support.tracing import DeliveryTrace

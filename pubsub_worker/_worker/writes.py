@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from google.cloud.pubsub_v1.subscriber.message import Message
 
-from pubsub_worker._job.steps import JobCore
+from pubsub_worker._job.core import JobCore
 from pubsub_worker.errors import LostOwnership
 
 from .outcome import Decision, Outcome

@@ -3,7 +3,7 @@
 The push door of the delivery engine (:mod:`pubsub_worker._worker.engine`):
 a push delivery enters the same engine as a pulled message, with the same
 handlers (wrapped with ``@exactly_once`` or not), intake, key gate, claim,
-fences (:class:`~pubsub_worker._job.steps.JobCore`), outcome table
+fences (:class:`~pubsub_worker._job.core.JobCore`), outcome table
 (:func:`~pubsub_worker._worker.outcome.decide`), failure path and lifecycle.
 What differs is the delivery itself:
 

@@ -8,7 +8,7 @@ shutdown, failure), the operator's ``jobs release`` and ``replay``, with
 Pub/Sub taking or refusing each step's publishes, all through the library's
 functions:
 :func:`~pubsub_worker._job.claim.claim`, the claimed job's
-:class:`~pubsub_worker._job.steps.JobCore` (whose writes are its
+:class:`~pubsub_worker._job.core.JobCore` (whose writes are its
 :class:`~pubsub_worker._job.fencing.FencedDocument`'s),
 :func:`pubsub_worker._ops.jobs.release` and :func:`pubsub_worker._ops.replay.replay`.
 
@@ -63,8 +63,8 @@ from emulator.names import unique_id
 from pubsub_worker._delivery.generations import Delivery, DeliveryTracker
 from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.context import JobContext
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._job.keys import derive_identity, document_id
-from pubsub_worker._job.steps import JobCore
 from pubsub_worker._ops import jobs
 from pubsub_worker._ops.replay import FailedJob, ReplayOutcome, replay
 from pubsub_worker._support.logs import job_logger

@@ -27,7 +27,7 @@ CPU = {
     "WriteBatcher._run (pubsub_worker/stores/batching.py:3);"
     "WriteBatcher._send (pubsub_worker/stores/batching.py:4)": 30,
     # building the completion's write
-    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/steps.py:1);"
+    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/core.py:1);"
     "update_write (pubsub_worker/stores/_writes.py:5)": 20,
     # a step
     f"{_POOL};{_CALL};Job.step (pubsub_worker/job.py:2);dumps (json/__init__.py:1)": 5,
@@ -42,7 +42,7 @@ CPU = {
 WALL = {
     f"{_POOL};{_BOOT}": 40,  # idle in the pool, waiting for a message
     f"{_POOL};{_CALL};claim (pubsub_worker/_job/claim.py:9);Event.wait (threading.py:1)": 30,
-    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/steps.py:1);"
+    f"{_POOL};{_CALL};JobCore.complete (pubsub_worker/_job/core.py:1);"
     "Event.wait (threading.py:1)": 25,
     f"{_POOL};{_CALL};DeliveryTracker.register (pubsub_worker/deliveries.py:1)": 5,
     # not a callback thread: left out of the wall figures
@@ -207,8 +207,8 @@ def test_the_parts_match_the_library_s_functions_where_they_are() -> None:
     """The parts match py-spy frames by name and file: a function renamed or moved would leave
     its part at 0% without an error (the claim's did, after the package's layout moved)."""
     from pubsub_worker._job import claim
+    from pubsub_worker._job.core import JobCore
     from pubsub_worker._job.job import Job
-    from pubsub_worker._job.steps import JobCore
     from pubsub_worker._worker import claiming
     from pubsub_worker._worker.flow import DeliveryFlow
     from pubsub_worker._worker.wrapper import ExactlyOnce

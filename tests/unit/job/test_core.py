@@ -13,8 +13,8 @@ import pytest
 from pubsub_worker._delivery.generations import DeliveryTracker
 from pubsub_worker._job.claim import ClaimKind, ClaimRequest, claim
 from pubsub_worker._job.context import JobContext
+from pubsub_worker._job.core import JobCore
 from pubsub_worker._job.keys import derive_identity
-from pubsub_worker._job.steps import JobCore
 from pubsub_worker._support.logs import job_logger
 from pubsub_worker._support.metrics import Metrics
 from pubsub_worker.hooks import Hooks

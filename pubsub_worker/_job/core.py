@@ -1,4 +1,4 @@
-"""The step machinery of one claimed job, shared by the sync and the async handler's job.
+"""One claimed job as the worker holds it: its steps, its outbox, and its conclusion.
 
 Every write goes through the job's :class:`~pubsub_worker._job.fencing.FencedDocument`,
 conditioned on the version of our previous write. A step's record is
