@@ -135,6 +135,7 @@ class HandlerCall:
         self.handler = handler
         self._callback_style = not takes_job(handler)
         self._async = is_async(handler)
+        self._plain = not self._async and not self._callback_style  # handler(message, job)
         self.loop = EventLoopThread()
 
     def __call__(self, message: Message, job: JobCore, flow: DeliveryFlow) -> None:
@@ -145,10 +146,12 @@ class HandlerCall:
         concludes through its message's ``ack()``/``nack()``, here or from its
         own threads later (:mod:`pubsub_worker._worker.callback`).
         """
-        log = flow.log
-        proxy, call = self._prepare(message, job, flow, log)
+        proxy, call = (None, None) if self._plain else self._prepare(message, job, flow, flow.log)
         try:
-            call()
+            if call is None:  # the common case, called here: no closure
+                sync(self.handler(message, Job(job)))
+            else:
+                call()
         except Exception as exc:  # noqa: BLE001 - user code: its failure is an outcome
             error = _cancelled_is_shutdown(exc) if self._async else exc
             if proxy is not None:
@@ -166,15 +169,13 @@ class HandlerCall:
     def _prepare(
         self, message: Message, job: JobCore, flow: DeliveryFlow, log: logging.LoggerAdapter[Any]
     ) -> tuple[MessageProxy | None, Callable[[], None]]:
-        """The call that runs the handler, and the proxy concluding a callback-style one.
+        """The call that runs any other handler, and the proxy concluding a callback-style one.
 
         An ``async def`` handler runs on the worker's loop while this thread waits.
         """
-        if not self._async:
-            if self._callback_style:
-                proxy = MessageProxy(message, job, flow, log, face=Job(job))
-                return proxy, lambda: sync(self.handler(proxy))
-            return None, lambda: sync(self.handler(message, Job(job)))
+        if not self._async:  # a callback(message): a handler(message, job) is called directly
+            proxy = MessageProxy(message, job, flow, log, face=Job(job))
+            return proxy, lambda: sync(self.handler(proxy))
         ajob = AsyncJob(job, self.loop.io)
         if self._callback_style:
             deferred = DeferredMessageProxy(

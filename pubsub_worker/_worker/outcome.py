@@ -190,8 +190,11 @@ class Happened:
     def seen(self, *, current: bool, error: BaseException | None) -> Happened:
         """This event as the flow concludes it: ``current`` checked, ``error`` the stop's if any.
 
-        Built directly rather than with ``dataclasses.replace``: it runs for every delivery.
+        Itself when both are as they were (most deliveries); else built directly rather than
+        with ``dataclasses.replace``: it runs for every delivery.
         """
+        if current is self.current and error is self.error:
+            return self
         return Happened(self.phase, error, current, self.claim, self.busy_for_s)
 
 
