@@ -154,29 +154,38 @@ def test_kills_leave_the_marker_baselines_jobs_stuck_and_the_librarys_finished(
     finishes every one of them. Kills only, two small fleets at the same
     time (``--parallel``), so that it stays short; jobs of 2-3 s, so that
     each worker holds several when it is killed.
-    """
-    (options,) = parse_args(
-        [
-            *("--short", "--seed", str(KILLS_BOTH_SEED), "--json", "-"),
-            *("--baseline", "before", "--parallel", "--log-dir", str(tmp_path)),
-            *("--workers", "2", "--jobs", "60", "--publish-rate", "4", "--prepare-ms", "2000-3000"),
-            *("--off", "all", "--rate", "kill=6", "--fault-time", "15", "--time-limit", "90"),
-        ]
-    )
-    report = run_chaos(options, emulators=emulators, out=progress)
 
-    summary = render(report)
-    assert report["ok"], summary
-    (before,) = report["baseline"]
-    assert before["handler"] == "before"
-    library, baseline = report["tally"], before["tally"]
-    counts = ("lost", "doubled_writes", "doubled_outputs", "stuck")
-    assert [library[name] for name in counts] == [0, 0, 0, 0], summary
-    # The schedule's kills caught jobs in both fleets' hands.
-    library_kills = report["figures"]["recoveries"]
+    Whether a kill finds a baseline worker between a marker and its job's end
+    is a matter of timing too: on a loaded machine a restarted stock worker
+    can still be starting when the next kill comes. When the first seed's
+    kills catch no baseline job, the next seeds run, up to two more; the
+    library finishes every job in every run.
+    """
+    for seed in (KILLS_BOTH_SEED, KILLS_BOTH_SEED + 1, KILLS_BOTH_SEED + 2):
+        (options,) = parse_args(
+            [
+                *("--short", "--seed", str(seed), "--json", "-"),
+                *("--baseline", "before", "--parallel", "--log-dir", str(tmp_path / str(seed))),
+                *("--workers", "2", "--jobs", "60", "--publish-rate", "4"),
+                *("--prepare-ms", "2000-3000", "--off", "all", "--rate", "kill=6"),
+                *("--fault-time", "15", "--time-limit", "90"),
+            ]
+        )
+        report = run_chaos(options, emulators=emulators, out=progress)
+
+        summary = render(report)
+        assert report["ok"], summary
+        (before,) = report["baseline"]
+        assert before["handler"] == "before"
+        library, baseline = report["tally"], before["tally"]
+        counts = ("lost", "doubled_writes", "doubled_outputs", "stuck")
+        assert [library[name] for name in counts] == [0, 0, 0, 0], summary
+        library_kills = report["figures"]["recoveries"]
+        assert not [kill["unfinished"] for kill in library_kills if kill["unfinished"]], summary
+        held = {job for kill in before["figures"]["recoveries"] for job in kill["unfinished"]}
+        if held and any(kill["jobs_held"] for kill in library_kills):
+            break  # the schedule's kills caught jobs in both fleets' hands
     assert any(kill["jobs_held"] for kill in library_kills), summary
-    assert not [kill["unfinished"] for kill in library_kills if kill["unfinished"]], summary
-    held = {job for kill in before["figures"]["recoveries"] for job in kill["unfinished"]}
     assert held, f"no kill caught a baseline job between its marker and its end\n{summary}"
     assert set(baseline["named"]["stuck"]) == held, summary
     assert baseline["named"]["lost"] == baseline["named"]["stuck"], summary
