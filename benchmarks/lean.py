@@ -126,13 +126,14 @@ class _Lean:
             record = got.record
             self.attempt, self.epoch = record.attempts, record.epoch
             rt.keeper.attach(ticket, self, identity.key)
-            trace.claimed(
-                key=identity.key,
-                epoch=record.epoch,
-                generation=delivery.generation,
-                attempt=record.attempts,
-                first=record.trace_parent,
-            )
+            if trace.spanned:  # as the library's start_job
+                trace.claimed(
+                    key=identity.key,
+                    epoch=record.epoch,
+                    generation=delivery.generation,
+                    attempt=record.attempts,
+                    first=record.trace_parent,
+                )
             first = decide(
                 Happened(Phase.CLAIM, claim=ClaimKind.CLAIMED),
                 attempts=record.attempts,

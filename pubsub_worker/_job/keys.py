@@ -40,7 +40,7 @@ def document_id(subscription: str, key: str, *, namespace: str = "job") -> str:
     example a message rejected before it became a job) from the job itself.
     """
     digest = _prefix(namespace, subscription).copy()
-    raw = key.encode("utf-8", "surrogatepass")  # text.raw, inlined: one call less a message
+    raw = _raw(key)
     digest.update(len(raw).to_bytes(8, "big") + raw)
     return digest.hexdigest()
 

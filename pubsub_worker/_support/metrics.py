@@ -195,11 +195,7 @@ class Metrics:
 
         Without one they are no-ops, and a caller need not build their attributes.
         """
-        # _provider_set(), inlined: it runs on every delivery
-        return (
-            self._meter is not None
-            and getattr(_otel_internal, _PROVIDER, _otel_internal) is not None
-        )
+        return self._meter is not None and _provider_set()
 
     def inc(self, counter: Counter, amount: int = 1, **attributes: str) -> None:
         """Add ``amount`` to ``counter`` (the time too, for RECEIVED: :meth:`last_received_at`)."""
