@@ -104,7 +104,7 @@ class DeliveryTrace:
 
     def trace_parent(self) -> str | None:
         """This span's context as a W3C ``traceparent``, to store with a new job."""
-        if not self.recording:
+        if not self.spanned or not self.recording:  # spanned first: read without a call
             return None
         context = self._span.get_span_context()
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
@@ -191,7 +191,7 @@ class MeasuredStep:
 
     def __enter__(self) -> None:
         self._start = time.monotonic()
-        if self._trace is not None and self._trace.recording:
+        if self._trace is not None and self._trace.spanned and self._trace.recording:
             span = self._trace.step(self._name)
             span.__enter__()
             self._span = span

@@ -108,25 +108,16 @@ class Outcome(str, Enum):
     """This delivery is stale (a newer one exists, or Pub/Sub refused its ack id): stop
     leasing it and never ack; the current delivery owns the message."""
 
-    @property
-    def acks(self) -> bool:
-        """Settled by an ack (the job's record is final); otherwise nacked, deferred or dropped."""
-        return EFFECTS[self].acks
-
-    @property
-    def write(self) -> Phase | None:
-        """The phase of the write that carries it out (its failure is decided again); or None."""
-        return EFFECTS[self].write
-
-    @property
-    def fine(self) -> bool:
-        """A success for metrics and traces (no ``error.type``)."""
-        return EFFECTS[self].fine
-
-    @property
-    def lost_error_type(self) -> str | None:
-        """The error type a trace names when the decision carries none (ownership was lost)."""
-        return EFFECTS[self].lost_error_type
+    # What carrying it out takes, from :data:`EFFECTS` (set on each member once, below: read on
+    # every delivery, a property would cost a call each time).
+    acks: bool
+    """Settled by an ack (the job's record is final); otherwise nacked, deferred or dropped."""
+    write: Phase | None
+    """The phase of the write that carries it out (its failure is decided again); or None."""
+    fine: bool
+    """A success for metrics and traces (no ``error.type``)."""
+    lost_error_type: str | None
+    """The error type a trace names when the decision carries none (ownership was lost)."""
 
 
 class Phase(str, Enum):
@@ -167,8 +158,13 @@ EFFECTS: dict[Outcome, Effect] = {
     Outcome.DEFER:    Effect(False, None,           False),
     Outcome.DROP:     Effect(False, None,           False, _LOST),
 }
-"""Each outcome's ack, write and success, at a glance (the properties of :class:`Outcome`)."""
+"""Each outcome's ack, write and success, at a glance (the attributes of :class:`Outcome`)."""
 # fmt: on
+
+for _outcome, _effect in EFFECTS.items():
+    _outcome.acks, _outcome.write = _effect.acks, _effect.write
+    _outcome.fine, _outcome.lost_error_type = _effect.fine, _effect.lost_error_type
+del _outcome, _effect
 
 
 @quick_init
