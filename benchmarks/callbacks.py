@@ -9,7 +9,10 @@ around a one-step handler on the in-memory store, alternately for ``--rounds``
 rounds (``--threads N``: N callback threads instead, as the client's defaults
 admit 1,000 messages for 10; ``--lean``: and the lean prototype of one object
 per delivery, :class:`benchmarks.lean.LeanDelivery`, on a started wrapper's
-parts, what a redesign could save on the real path). Each callback's thread
+parts, what a redesign could save on the real path; ``--floor``: and the floor,
+:class:`benchmarks.floor.FloorDelivery`, a one-step delivery's work alone in one
+function on an in-memory store of its own, what no arrangement of that work in
+Python can go below). Each callback's thread
 CPU is taken around it (``time.thread_time()``), and the process's over the
 whole consumption: what the wrapper's Python costs the callback threads when
 they take turns, as the consumers of the full run's ``wrapped-1-memory``
@@ -19,7 +22,10 @@ come from no stream: the acks' path on a stock client's stream is not taken).
 callback thread and prints the Python calls per message: a count that does
 not move with the host's speed, where CPU figures need repeats
 (``docs/benchmarks-history.md``, fourteenth and fifteenth passes). It uses
-the emulator named by ``PUBSUB_EMULATOR_HOST``, or starts one. Nothing here
+the emulator named by ``PUBSUB_EMULATOR_HOST``, or starts one. ``--store
+firestore``: the wrapper, the prototype and the floor write to the library's
+default (batching) store on the Firestore emulator instead (named by
+``FIRESTORE_EMULATOR_HOST``, or started with the other). Nothing here
 is a test or a target.
 """
 
@@ -42,13 +48,14 @@ from typing import Any, Literal
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
+from benchmarks.floor import FloorDelivery
 from benchmarks.lean import LeanDelivery, runtime_of
 from pubsub_worker import ExactlyOnce, Job, Settings
 from pubsub_worker.stores import MemoryJobStore
 
 __all__ = ["Consumed", "consume", "main"]
 
-Side = Literal["stock", "wrapped", "lean"]
+Side = Literal["stock", "wrapped", "lean", "floor"]
 _TIMEOUT_S = 120.0
 
 
@@ -107,24 +114,13 @@ def consume(
     subscriber: Any,
     threads: int | None = None,
     profile: bool = False,
+    firestore: Any = None,
 ) -> Consumed:
     """Consume ``messages`` already published to ``subscription`` with one side's callback,
     ``in_flight`` admitted at once by flow control, on ``threads`` callback threads (default:
-    as many as in flight)."""
-    wrapped: ExactlyOnce | None = None
-    inner: Callable[[Any], None] = _stock
-    if side != "stock":
-        project = subscription.split("/")[1]
-        wrapped = ExactlyOnce(
-            _handler,
-            settings=Settings(subscription=subscription, project=project, collection="callbacks"),
-            store=MemoryJobStore(),
-            subscriber=subscriber,
-        )
-        wrapped.start()
-        # the lean prototype runs on the started wrapper's parts; what it cannot do, it
-        # raises, and the client ends the stream with it
-        inner = LeanDelivery(runtime_of(wrapped)) if side == "lean" else wrapped
+    as many as in flight). ``firestore``: a Firestore client, whose batching store (a fresh
+    collection) the wrapper, the lean prototype and the floor write to instead of memory."""
+    inner, wrapped, store = _side(side, subscription, subscriber, firestore)
     profiles = _Profiles() if profile else None
     done = threading.Semaphore(0)
     lock = threading.Lock()
@@ -168,6 +164,8 @@ def consume(
         executor.shutdown(wait=True)
         if wrapped is not None:
             wrapped.close()  # its lease keeper and acks' thread, not left to the next round
+        if store is not None and hasattr(store, "close"):
+            store.close()  # a batching store's writers
     return Consumed(
         side,
         spent[0] / messages * 1000,
@@ -177,20 +175,55 @@ def consume(
     )
 
 
+def _side(
+    side: Side, subscription: str, subscriber: Any, firestore: Any
+) -> tuple[Callable[[Any], None], ExactlyOnce | None, Any]:
+    """One side's callback, its started wrapper (if it has one) and its store (if any)."""
+    if side == "stock":
+        return _stock, None, None
+    store = MemoryJobStore() if firestore is None else _batching_store(firestore)
+    if side == "floor":  # the work alone, no wrapper
+        return FloorDelivery(store, subscription=subscription, key_attribute="job"), None, store
+    project = subscription.split("/")[1]
+    wrapped = ExactlyOnce(
+        _handler,
+        settings=Settings(subscription=subscription, project=project, collection="callbacks"),
+        store=store,
+        subscriber=subscriber,
+    )
+    wrapped.start()
+    # the lean prototype runs on the started wrapper's parts; what it cannot do, it
+    # raises, and the client ends the stream with it
+    return (LeanDelivery(runtime_of(wrapped)) if side == "lean" else wrapped), wrapped, store
+
+
+def _batching_store(client: Any) -> Any:
+    """The library's default store on a fresh collection of ``client``'s database."""
+    from pubsub_worker.stores.batching import BatchingFirestoreJobStore  # noqa: PLC0415
+
+    return BatchingFirestoreJobStore(client, f"callbacks-{uuid.uuid4().hex[:12]}")
+
+
 @contextmanager
-def _emulator() -> Iterator[str]:
-    """The Pub/Sub emulator's project: the one named by the environment, or one started here."""
-    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+def _emulator(*, firestore: bool = False) -> Iterator[str]:
+    """The emulators' project: the one named by the environment, or ones started here (the
+    Firestore emulator too with ``firestore``)."""
+    named = os.environ.get("PUBSUB_EMULATOR_HOST") and (
+        not firestore or os.environ.get("FIRESTORE_EMULATOR_HOST")
+    )
+    if named:
         yield os.environ.get("GOOGLE_CLOUD_PROJECT", "bench")
         return
     from emulator import start_emulators  # noqa: PLC0415
 
-    with start_emulators(firestore=False) as emulators:
+    with start_emulators(firestore=firestore) as emulators:
         emulators.export_env()
         yield emulators.project
 
 
-def _round(side: Side, args: argparse.Namespace, project: str, *, profile: bool) -> Consumed:
+def _round(
+    side: Side, args: argparse.Namespace, project: str, *, profile: bool, firestore: Any
+) -> Consumed:
     from emulator import create_subscription, delete_subscription  # noqa: PLC0415
 
     publisher = pubsub_v1.PublisherClient()
@@ -214,6 +247,7 @@ def _round(side: Side, args: argparse.Namespace, project: str, *, profile: bool)
             subscriber=subscriber,
             threads=args.threads,
             profile=profile,
+            firestore=firestore,
         )
     finally:
         delete_subscription(handle, publisher=publisher, subscriber=subscriber)
@@ -228,16 +262,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lean", action="store_true")
+    parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--store", choices=("memory", "firestore"), default="memory")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     if min(args.messages, args.in_flight, args.rounds, args.threads or 1) < 1:
         parser.error("--messages, --in-flight, --threads and --rounds must be at least 1")
-    sides: tuple[Side, ...] = ("stock", "wrapped", "lean") if args.lean else ("stock", "wrapped")
+    sides: tuple[Side, ...] = (
+        "stock",
+        "wrapped",
+        *(("lean",) if args.lean else ()),
+        *(("floor",) if args.floor else ()),
+    )
     runs: dict[Side, list[Consumed]] = {side: [] for side in sides}
-    with _emulator() as project:
+    with _emulator(firestore=args.store == "firestore") as project:
+        firestore = None
+        if args.store == "firestore":
+            from google.cloud import firestore as firestore_v1  # noqa: PLC0415 - env set now
+
+            firestore = firestore_v1.Client(project=project)
         for number in range(1, args.rounds + 1):
             for side in sides if number % 2 else sides[::-1]:
-                run = _round(side, args, project, profile=False)
+                run = _round(side, args, project, profile=False, firestore=firestore)
                 runs[side].append(run)
                 print(
                     f"[{number}/{args.rounds}] {side:7}  callback threads "
@@ -250,11 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"{side}: callback threads {callbacks:.3f} ms/msg, process {process:.3f} ms/msg "
                 f"(medians of {args.rounds} runs of {args.messages} messages, "
-                f"{args.in_flight} in flight, {args.threads or args.in_flight} threads)"
+                f"{args.in_flight} in flight, {args.threads or args.in_flight} threads, "
+                f"{args.store} store)"
             )
         if args.profile:
             for side in sides:
-                calls = _round(side, args, project, profile=True).calls
+                calls = _round(side, args, project, profile=True, firestore=firestore).calls
                 print(f"{side}: {calls:.0f} Python calls a message on the callback threads")
     return 0
 

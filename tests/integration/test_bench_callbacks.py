@@ -96,3 +96,44 @@ def test_counts_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         callbacks.main(["--rounds", "0"])
     assert "must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("store", ["memory", "firestore"])
+def test_the_floor_completes_every_message_on_either_store(
+    make_subscription: MakeSubscription,
+    publisher: Any,
+    subscriber: Any,
+    firestore_client: Any,
+    monkeypatch: Any,
+    store: str,
+) -> None:
+    stores: list[Any] = []
+    made = callbacks._side
+
+    def side(*args: Any) -> Any:
+        inner, wrapped, used = made(*args)
+        stores.append(used)
+        return inner, wrapped, used
+
+    monkeypatch.setattr(callbacks, "_side", side)
+    floor = callbacks.consume(
+        "floor",
+        subscription=_published(make_subscription, publisher, 12),
+        messages=12,
+        in_flight=4,
+        subscriber=subscriber,
+        firestore=firestore_client if store == "firestore" else None,
+    )
+    assert floor.side == "floor"
+    assert floor.process_ms >= floor.callbacks_ms > 0
+    (used,) = stores
+    assert type(used).__name__ == (
+        "MemoryJobStore" if store == "memory" else "BatchingFirestoreJobStore"
+    )
+    # every job's document written completed, by the floor alone
+    if store == "memory":
+        statuses = [snap.fields["status"] for snap in used.snapshots().values()]
+    else:
+        documents = firestore_client.collection(used.collection).stream()
+        statuses = [document.to_dict()["status"] for document in documents]
+    assert statuses == ["completed"] * 12
