@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import time
 from _thread import RLock  # threading.RLock's C lock, without its Python call
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pubsub_worker._support import fences
+from pubsub_worker._support.unsuspended import run_unsuspended
 from pubsub_worker.errors import LostOwnership, StoreError, VersionConflict
 from pubsub_worker.stores import base as s
-from pubsub_worker.stores.base import JobRecord, JobStore, Status, TransactionalStore, Version
+from pubsub_worker.stores.base import JobRecord, JobStore, Status, Version
 from pubsub_worker.stores.continued import ContinuedStore, Settle, continues
-from pubsub_worker.stores.firestore import FirestoreJobStore
-from pubsub_worker.stores.firestore_async import transact_async
+from pubsub_worker.stores.transactions import AsyncTransactionalStore, TransactionalStore
 
 from . import endings
 from .lease import now_utc, renewal_due
@@ -273,7 +273,7 @@ class FencedDocument:
             return store.transact(self._doc_id, expected=expected, body=body, changes=all_changes)
 
         with self._lock:
-            return _run_unsuspended(self._transact(attempt, adopt))
+            return run_unsuspended(self._transact(attempt, adopt))
 
     async def transact_async(
         self,
@@ -281,20 +281,21 @@ class FencedDocument:
         changes: Callable[[Any], Mapping[tuple[str, ...], Any]],
         adopt: Callable[[JobRecord], bool],
     ) -> tuple[T | None, JobRecord | None]:
-        """:meth:`transact` for an ``async def`` body, through Firestore's async client.
+        """:meth:`transact` for an ``async def`` body, awaited through the store's own
+        (:class:`~pubsub_worker.stores.transactions.AsyncTransactionalStore`).
 
         Only the handler's task uses the document meanwhile, so no lock is
         held across the awaits; the rare conflict is settled with a
         (blocking) read, as in :meth:`transact`.
         """
         store = self._store
-        if not isinstance(store, FirestoreJobStore):
+        if not isinstance(store, AsyncTransactionalStore):
             raise StoreError(f"{type(store).__name__} cannot run async transactional steps")
         all_changes = self._with_staged(changes)
 
         async def attempt(expected: Version) -> tuple[T, Version]:
-            return await transact_async(
-                store, self._doc_id, expected=expected, body=body, changes=all_changes
+            return await store.transact_async(
+                self._doc_id, expected=expected, body=body, changes=all_changes
             )
 
         return await self._transact(attempt, adopt)
@@ -384,17 +385,3 @@ class FencedDocument:
                 f"the job was claimed at epoch {record.epoch} (ours: {self._epoch})"
             )
         return record, snap.version
-
-
-def _run_unsuspended(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends (its awaits are plain calls) on this thread.
-
-    The synchronous :meth:`FencedDocument.transact` shares its rounds with the
-    async one this way, without an event loop.
-    """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise RuntimeError("a synchronous transaction suspended")

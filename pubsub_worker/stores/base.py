@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -110,7 +110,6 @@ __all__ = [
     "Snapshot",
     "Status",
     "StepRecord",
-    "TransactionalStore",
     "Version",
     "VersionConflict",
     "shard_of",
@@ -364,27 +363,5 @@ class JobStore(Protocol):
 
         Returns the new version. Raises :class:`VersionConflict` when the
         document changed (or vanished) since ``expected``.
-        """
-        ...
-
-
-@runtime_checkable
-class TransactionalStore(JobStore, Protocol):
-    """A store whose documents can change together with the job in one transaction."""
-
-    def transact(
-        self,
-        doc_id: str,
-        *,
-        expected: Version,
-        body: Callable[[Any], Any],
-        changes: Callable[[Any], Changes],
-    ) -> tuple[Any, Version | None]:
-        """Run ``body(transaction)``, then write ``changes(result)`` to the job; all or nothing.
-
-        The transaction first checks that the job's version is ``expected``
-        (else :class:`VersionConflict`). ``body`` may run more than once when
-        the transaction is retried on contention. Returns the body's result and
-        the job's new version (``None`` if it could not be read back).
         """
         ...

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -30,6 +30,7 @@ from pubsub_worker.errors import StoreError
 
 from ._write_ids import new_write_id
 from .base import WRITE_ID, AlreadyExists, Changes, Snapshot, Version, VersionConflict
+from .firestore_async import async_twin, transact_async
 
 __all__ = ["FirestoreJobStore"]
 
@@ -60,7 +61,8 @@ _RETRIED: tuple[type[Exception], ...] = (*_UNKNOWN_OUTCOME, _Contended)
 
 
 class FirestoreJobStore:
-    """Implements :class:`~pubsub_worker.stores.base.TransactionalStore` on a Firestore collection.
+    """Implements :class:`~pubsub_worker.stores.transactions.AsyncTransactionalStore` on a
+    Firestore collection.
 
     ``rpc_timeout_s`` bounds each RPC (a cut connection must not hang a
     worker); ``retry_deadline_s`` bounds the retries of one operation, after
@@ -80,6 +82,7 @@ class FirestoreJobStore:
         self.collection = collection
         self._rpc_timeout_s = rpc_timeout_s
         self._retry_deadline_s = retry_deadline_s
+        self._async_client: firestore.AsyncClient | None = None  # made by transact_async
 
     @property
     def client(self) -> firestore.Client:
@@ -186,7 +189,7 @@ class FirestoreJobStore:
 
         return self._retry("update", attempt)
 
-    # -- TransactionalStore -------------------------------------------------------
+    # -- transactions (stores/transactions.py) -------------------------------------
 
     def transact(
         self,
@@ -238,6 +241,29 @@ class FirestoreJobStore:
         if snap is None or snap.fields.get(WRITE_ID) != write_id:
             return result, None
         return result, snap.version
+
+    async def transact_async(
+        self,
+        doc_id: str,
+        *,
+        expected: Version,
+        body: Callable[[Any], Awaitable[Any]],
+        changes: Callable[[Any], Changes],
+    ) -> tuple[Any, Version | None]:
+        """:meth:`transact` with ``await body(transaction)``: an ``AsyncTransaction`` of a
+        twin of this store's client in Firestore's async client, made on the first call (on
+        the worker's event loop; :mod:`~pubsub_worker.stores.firestore_async`), so the loop
+        never waits."""
+        if self._async_client is None:
+            self._async_client = async_twin(self._client)
+        return await transact_async(
+            self._async_client,
+            self.collection,
+            doc_id,
+            expected=expected,
+            body=body,
+            changes=changes,
+        )
 
     # -- plumbing -----------------------------------------------------------------
 

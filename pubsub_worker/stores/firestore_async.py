@@ -6,16 +6,15 @@ one ``AsyncTransaction``, with the same rules as
 version must be the one expected (else
 :class:`~pubsub_worker.errors.VersionConflict`), ``fn`` may run again on
 contention, and the commit carries a ``write_id`` so a commit whose reply was
-lost is recognised by reading the document back. The async client is made
-once per store, on the worker's event loop, as a twin of the store's sync
-client (:func:`async_twin`): the same project, database, credentials,
-client options and emulator host, so the transaction reads and writes the
-very documents the store does.
+lost is recognised by reading the document back. The store makes its async
+client once, on the worker's event loop, as a twin of its sync client
+(:func:`async_twin`): the same project, database, credentials, client options
+and emulator host, so the transaction reads and writes the very documents the
+store does.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,13 +27,9 @@ from pubsub_worker.errors import StoreError, VersionConflict
 
 from ._write_ids import new_write_id
 from .base import WRITE_ID, Changes, Version
-from .firestore import FirestoreJobStore
 
 __all__ = ["async_twin", "transact_async"]
 
-_CLIENTS: weakref.WeakKeyDictionary[FirestoreJobStore, firestore.AsyncClient] = (
-    weakref.WeakKeyDictionary()
-)
 _MAX_ATTEMPTS = 5
 
 
@@ -57,29 +52,22 @@ def async_twin(client: firestore.Client) -> firestore.AsyncClient:
     return twin
 
 
-def _client(store: FirestoreJobStore) -> firestore.AsyncClient:
-    client = _CLIENTS.get(store)
-    if client is None:
-        client = async_twin(store.client)
-        _CLIENTS[store] = client
-    return client
-
-
 async def transact_async(
-    store: FirestoreJobStore,
+    client: firestore.AsyncClient,
+    collection: str,
     doc_id: str,
     *,
     expected: Version,
     body: Callable[[Any], Awaitable[Any]],
     changes: Callable[[Any], Changes],
 ) -> tuple[Any, Version | None]:
-    """Run ``await body(transaction)``, then write ``changes(result)`` to the job; all or nothing.
+    """Run ``await body(transaction)``, then write ``changes(result)`` to the job in
+    ``collection``; all or nothing.
 
     Returns the body's result and the job's new version (``None`` if it
     could not be read back).
     """
-    client = _client(store)
-    ref = client.collection(store.collection).document(doc_id)
+    ref = client.collection(collection).document(doc_id)
     write_id = new_write_id()
 
     @firestore.async_transactional

@@ -1,8 +1,8 @@
 """An in-memory job store for unit tests of pure logic; one process, no durability.
 
-It keeps the whole store contract, transactions included
-(:class:`~pubsub_worker.stores.base.TransactionalStore`), so the claim, the
-fences and ``job.transactional_step`` run on it as on Firestore. A
+It keeps the whole store contract, transactions included, an ``async def``
+handler's too (:class:`~pubsub_worker.stores.transactions.AsyncTransactionalStore`),
+so the claim, the fences and ``job.transactional_step`` run on it as on Firestore. A
 transaction's function gets a :class:`MemoryTransaction` where Firestore's
 gets a ``google.cloud.firestore.Transaction``: reads of the store's
 documents, and writes kept until the commit.
@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pubsub_worker._support import fences
+from pubsub_worker._support.unsuspended import run_unsuspended
 from pubsub_worker.errors import StoreError
 
 from .base import AlreadyExists, Changes, Snapshot, Version, VersionConflict
@@ -63,7 +64,8 @@ def _copy(value: Any) -> Any:
 
 
 class MemoryJobStore:
-    """Implements :class:`~pubsub_worker.stores.base.TransactionalStore` with a dict and a lock.
+    """Implements :class:`~pubsub_worker.stores.transactions.AsyncTransactionalStore` with a dict
+    and a lock.
 
     Versions are integers from one counter, so a version is never reused.
     ``clock`` plays the server's clock: it stamps each write's update time
@@ -131,6 +133,32 @@ class MemoryJobStore:
         transaction too), at most 5 times, then :class:`StoreError`. Returns
         the body's result and the job's new version.
         """
+
+        async def called(transaction: MemoryTransaction) -> Any:
+            return body(transaction)
+
+        return run_unsuspended(self._transact(doc_id, expected, called, changes))
+
+    async def transact_async(
+        self,
+        doc_id: str,
+        *,
+        expected: Version,
+        body: Callable[[Any], Awaitable[Any]],
+        changes: Callable[[Any], Changes],
+    ) -> tuple[Any, Version | None]:
+        """:meth:`transact` with ``await body(transaction)`` (an ``async def`` handler's step):
+        the same rounds, the body awaited without the store's lock."""
+        return await self._transact(doc_id, expected, body, changes)
+
+    async def _transact(
+        self,
+        doc_id: str,
+        expected: Version,
+        body: Callable[[MemoryTransaction], Awaitable[Any]],
+        changes: Callable[[Any], Changes],
+    ) -> tuple[Any, Version | None]:
+        """The rounds of :meth:`transact` and :meth:`transact_async`."""
         # The transaction's version check; switched off in a test (``fences``), a
         # transaction writes over whatever version the job is at.
         check = self._check if "transaction" not in fences.OFF else self._check_exists
@@ -138,7 +166,7 @@ class MemoryJobStore:
             with self._lock:
                 check(doc_id, expected)
             transaction = MemoryTransaction(self)
-            result = body(transaction)
+            result = await body(transaction)
             job_changes = {path: _copy(value) for path, value in changes(result).items()}
             with self._lock:
                 check(doc_id, expected)

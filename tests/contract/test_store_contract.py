@@ -9,6 +9,7 @@ version).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -22,10 +23,11 @@ from pubsub_worker.stores.base import (
     WRITE_ID,
     AlreadyExists,
     JobStore,
-    TransactionalStore,
     VersionConflict,
 )
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
+from pubsub_worker.stores.firestore_async import async_twin
+from pubsub_worker.stores.transactions import AsyncTransactionalStore, TransactionalStore
 
 
 @pytest.fixture(
@@ -353,3 +355,95 @@ def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(store: Jo
     else:
         assert stored(store, "job-x5") == {"owner": "second"}
         assert stored(store, "effect-x5") is None
+
+
+# -- transactions of async def handlers: the same, the body awaited ---------------------
+
+
+def write_other_async(
+    store: JobStore, transaction: Any, doc_id: str, fields: dict[str, Any]
+) -> None:
+    """A business write in an async transaction (Firestore's: an ``AsyncTransaction``, whose
+    documents are the async client's)."""
+    if isinstance(store, MemoryJobStore):
+        transaction.set(doc_id, fields)
+    else:
+        assert isinstance(store, FirestoreJobStore)
+        twin = async_twin(store.client)
+        transaction.set(twin.collection(store.collection).document(doc_id), fields)
+
+
+def test_every_store_runs_async_transactions(store: JobStore) -> None:
+    """``await job.transactional_step`` needs it (an ``async def`` handler's)."""
+    assert isinstance(store, AsyncTransactionalStore)
+
+
+def test_an_async_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
+    store: JobStore,
+) -> None:
+    assert isinstance(store, AsyncTransactionalStore)
+    v1 = store.create("job-a1", {"epoch": 1, "status": "running"})
+    runs: list[int] = []
+
+    async def body(transaction: Any) -> dict[str, int]:
+        await asyncio.sleep(0)  # a body that awaits: the loop goes on meanwhile
+        runs.append(1)
+        write_other_async(store, transaction, "effect-a1", {"amount": 7})
+        return {"n": 7}
+
+    result, v2 = asyncio.run(
+        store.transact_async("job-a1", expected=v1, body=body, changes=step_changes)
+    )
+    assert result == {"n": 7}
+    assert runs == [1]
+    assert v2 is not None
+    assert v2 != v1
+    snap = store.get("job-a1")
+    assert snap is not None
+    assert snap.version == v2
+    assert snap.fields["steps"] == {"s": {"result": '{"n": 7}', "epoch": 1}}
+    assert snap.fields["status"] == "running"
+    assert stored(store, "effect-a1") == {"amount": 7}
+    with pytest.raises(VersionConflict):
+        store.update("job-a1", {("epoch",): 9}, expected=v1)
+    store.update("job-a1", {("epoch",): 2}, expected=v2)
+
+
+def test_an_async_transaction_at_a_stale_version_conflicts_and_writes_nothing(
+    store: JobStore,
+) -> None:
+    assert isinstance(store, AsyncTransactionalStore)
+    v1 = store.create("job-a2", {"epoch": 1})
+    v2 = store.update("job-a2", {("epoch",): 2}, expected=v1)  # a new owner's claim
+    runs: list[int] = []
+
+    async def body(transaction: Any) -> str:
+        runs.append(1)
+        write_other_async(store, transaction, "effect-a2", {"by": "stale owner"})
+        return "stale"
+
+    with pytest.raises(VersionConflict):
+        asyncio.run(store.transact_async("job-a2", expected=v1, body=body, changes=step_changes))
+    assert runs == []  # the version is checked before the body runs
+    snap = store.get("job-a2")
+    assert snap is not None
+    assert snap.version == v2
+    assert stored(store, "job-a2") == {"epoch": 2}
+    assert store.get("effect-a2") is None
+
+
+def test_an_async_transaction_whose_body_raises_writes_nothing(store: JobStore) -> None:
+    assert isinstance(store, AsyncTransactionalStore)
+    v1 = store.create("job-a4", {"epoch": 1})
+
+    async def body(transaction: Any) -> str:
+        write_other_async(store, transaction, "effect-a4", {"amount": 1})
+        await asyncio.sleep(0)
+        raise Boom("the step failed")
+
+    with pytest.raises(Boom):
+        asyncio.run(store.transact_async("job-a4", expected=v1, body=body, changes=step_changes))
+    snap = store.get("job-a4")
+    assert snap is not None
+    assert snap.version == v1
+    assert store.get("effect-a4") is None

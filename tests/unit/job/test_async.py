@@ -92,6 +92,53 @@ def test_lost_ownership_reaches_the_next_await(world: Callable[..., World]) -> N
     assert (w.record()["epoch"], w.record()["status"]) == (9, "running")
 
 
+def test_an_async_transactional_step_commits_on_the_in_memory_store_and_runs_once(
+    world: Callable[..., World],
+) -> None:
+    """A unit test of an ``async def`` handler's transactional step needs no Firestore."""
+    bodies: list[str] = []
+
+    async def handle(message: Any, job: AsyncJob) -> None:
+        async def record(transaction: Any) -> int:
+            await asyncio.sleep(0)
+            bodies.append(job.key)
+            transaction.set(f"effect-{job.key}", {"by": job.epoch})
+            return 5
+
+        assert await job.transactional_step("record", record) == 5
+        assert await job.step("after", lambda: 1) == 1
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "ack"
+    record = w.record()
+    assert (record["status"], sorted(record["steps"])) == ("completed", ["after", "record"])
+    assert record["steps"]["record"]["result"] == "5"
+    effect = w.store.get("effect-k")
+    assert effect is not None
+    assert effect.fields == {"by": 1}
+    assert w.deliver(FakeMessage(op="k")) == "ack"  # a redelivery: acked from the record
+    assert bodies == ["k"]
+
+
+def test_a_stale_owner_s_async_transaction_never_lands(world: Callable[..., World]) -> None:
+    async def handle(message: Any, job: AsyncJob) -> None:
+        doc_id = document_id(w.wrapped.settings.subscription_path, job.key)
+        snap = w.store.get(doc_id)
+        assert snap is not None
+        w.store.update(doc_id, {(s.EPOCH,): 9}, expected=snap.version)  # a new owner's claim
+
+        async def record(transaction: Any) -> int:
+            transaction.set("effect-stale", {"by": "stale owner"})
+            return 5
+
+        await job.transactional_step("record", record)
+
+    w = world(handle)
+    assert w.deliver(FakeMessage(op="k")) == "nack"  # lost: nacked for the owner's delivery
+    assert (w.record()["epoch"], w.record()["status"]) == (9, "running")
+    assert w.store.get("effect-stale") is None
+
+
 def test_a_cancelled_step_records_nothing(world: Callable[..., World]) -> None:
     async def cancelled() -> int:
         task = asyncio.current_task()
