@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from google.cloud import firestore
 
 from pubsub_worker.stores import FirestoreJobStore, MemoryJobStore
 from pubsub_worker.stores.base import (
     WRITE_ID,
     AlreadyExists,
     JobStore,
+    Version,
     VersionConflict,
 )
 from pubsub_worker.stores.batching import BatchingFirestoreJobStore
@@ -191,12 +193,46 @@ class Boom(Exception):
 
 
 def write_other(store: JobStore, transaction: Any, doc_id: str, fields: dict[str, Any]) -> None:
-    """A business write in a transaction: what ``job.transactional_step``'s function does."""
+    """A business write in a transaction: what ``job.transactional_step``'s function does (in
+    an async def handler's, Firestore's ``AsyncTransaction`` takes the async client's
+    documents)."""
     if isinstance(store, MemoryJobStore):
         transaction.set(doc_id, fields)
+    elif isinstance(transaction, firestore.AsyncTransaction):
+        assert isinstance(store, FirestoreJobStore)
+        twin = async_twin(store.client)
+        transaction.set(twin.collection(store.collection).document(doc_id), fields)
     else:
         assert isinstance(store, FirestoreJobStore)
         transaction.set(store.ref(doc_id), fields)
+
+
+Transact = Callable[..., tuple[Any, Version | None]]
+"""``transact(doc_id, *, expected, body, changes)``, as the store's ``transact``."""
+
+
+@pytest.fixture(params=["sync", "async"])
+def transact(request: pytest.FixtureRequest, store: JobStore) -> Transact:
+    """The store's transaction as a handler's step runs it: ``transact``, or, for an
+    ``async def`` handler's, ``transact_async`` with the same body awaited (after a yield
+    to the loop: the store's rounds must not count on a body that never suspends)."""
+    if request.param == "sync":
+        assert isinstance(store, TransactionalStore)
+        return store.transact
+    assert isinstance(store, AsyncTransactionalStore)
+
+    def awaited(
+        doc_id: str, *, expected: Version, body: Callable[[Any], Any], changes: Any
+    ) -> tuple[Any, Version | None]:
+        async def awaited_body(transaction: Any) -> Any:
+            await asyncio.sleep(0)
+            return body(transaction)
+
+        return asyncio.run(
+            store.transact_async(doc_id, expected=expected, body=awaited_body, changes=changes)
+        )
+
+    return awaited
 
 
 def stored(store: JobStore, doc_id: str) -> dict[str, Any] | None:
@@ -211,15 +247,17 @@ def step_changes(result: Any) -> dict[tuple[str, ...], Any]:
     return {("steps", "s"): {"result": json.dumps(result), "epoch": 1}}
 
 
-def test_every_store_runs_transactions(store: JobStore) -> None:
-    """``job.transactional_step`` needs it; a store without it refuses those steps."""
+def test_every_store_runs_transactions_and_async_ones(store: JobStore) -> None:
+    """``job.transactional_step`` needs them (``await``-ed in an ``async def`` handler); a
+    store without them refuses those steps."""
     assert isinstance(store, TransactionalStore)
+    assert isinstance(store, AsyncTransactionalStore)
 
 
 def test_a_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
     store: JobStore,
+    transact: Transact,
 ) -> None:
-    assert isinstance(store, TransactionalStore)
     v1 = store.create("job-x1", {"epoch": 1, "status": "running"})
     runs: list[int] = []
 
@@ -228,7 +266,7 @@ def test_a_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
         write_other(store, transaction, "effect-x1", {"amount": 7})
         return {"n": 7}
 
-    result, v2 = store.transact("job-x1", expected=v1, body=body, changes=step_changes)
+    result, v2 = transact("job-x1", expected=v1, body=body, changes=step_changes)
     assert result == {"n": 7}
     assert runs == [1]
     assert v2 is not None
@@ -244,8 +282,9 @@ def test_a_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
     store.update("job-x1", {("epoch",): 2}, expected=v2)  # the returned one is current
 
 
-def test_a_transaction_at_a_stale_version_conflicts_and_writes_nothing(store: JobStore) -> None:
-    assert isinstance(store, TransactionalStore)
+def test_a_transaction_at_a_stale_version_conflicts_and_writes_nothing(
+    store: JobStore, transact: Transact
+) -> None:
     v1 = store.create("job-x2", {"epoch": 1})
     v2 = store.update("job-x2", {("epoch",): 2}, expected=v1)  # a new owner's claim
     runs: list[int] = []
@@ -256,7 +295,7 @@ def test_a_transaction_at_a_stale_version_conflicts_and_writes_nothing(store: Jo
         return "stale"
 
     with pytest.raises(VersionConflict):
-        store.transact("job-x2", expected=v1, body=body, changes=step_changes)
+        transact("job-x2", expected=v1, body=body, changes=step_changes)
     assert runs == []  # the version is checked before the body runs
     snap = store.get("job-x2")
     assert snap is not None
@@ -265,8 +304,7 @@ def test_a_transaction_at_a_stale_version_conflicts_and_writes_nothing(store: Jo
     assert store.get("effect-x2") is None
 
 
-def test_a_transaction_on_a_missing_job_conflicts(store: JobStore) -> None:
-    assert isinstance(store, TransactionalStore)
+def test_a_transaction_on_a_missing_job_conflicts(store: JobStore, transact: Transact) -> None:
     version = store.create("job-x3", {"epoch": 1})
 
     def body(transaction: Any) -> str:
@@ -274,21 +312,20 @@ def test_a_transaction_on_a_missing_job_conflicts(store: JobStore) -> None:
         return "none"
 
     with pytest.raises(VersionConflict):
-        store.transact("job-404", expected=version, body=body, changes=step_changes)
+        transact("job-404", expected=version, body=body, changes=step_changes)
     assert store.get("job-404") is None
     assert store.get("effect-x3") is None
 
 
 @pytest.mark.parametrize("raised_in", ["body", "changes"])
 def test_a_transaction_whose_body_or_changes_raise_writes_nothing(
-    store: JobStore, raised_in: str
+    store: JobStore, transact: Transact, raised_in: str
 ) -> None:
     """The caller's exception comes back as it is; neither the job nor the business write lands.
 
     ``changes`` raises when the step's record would not fit the document
     (``DocumentTooLarge``), after the body made its writes.
     """
-    assert isinstance(store, TransactionalStore)
     v1 = store.create("job-x4", {"epoch": 1})
 
     def body(transaction: Any) -> str:
@@ -303,7 +340,7 @@ def test_a_transaction_whose_body_or_changes_raise_writes_nothing(
         return step_changes(result)
 
     with pytest.raises(Boom):
-        store.transact("job-x4", expected=v1, body=body, changes=changes)
+        transact("job-x4", expected=v1, body=body, changes=changes)
     snap = store.get("job-x4")
     assert snap is not None
     assert snap.version == v1
@@ -312,14 +349,15 @@ def test_a_transaction_whose_body_or_changes_raise_writes_nothing(
     store.update("job-x4", {("epoch",): 2}, expected=v1)  # v1 is still the job's version
 
 
-def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(store: JobStore) -> None:
+def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(
+    store: JobStore, transact: Transact
+) -> None:
     """A new owner's claim lands while the body runs: the transaction or the claim wins, never both.
 
     Firestore locks the job the transaction read, so the claim waits (and is
     retried by the store) until the commit, then finds the version moved; the
     memory store lets the claim in and the commit conflicts.
     """
-    assert isinstance(store, TransactionalStore)
     v1 = store.create("job-x5", {"owner": "first"})
     claimed: list[bool] = []
     racer: list[threading.Thread] = []
@@ -341,7 +379,7 @@ def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(store: Jo
         return "first"
 
     try:
-        store.transact("job-x5", expected=v1, body=body, changes=lambda _r: {("step",): "done"})
+        transact("job-x5", expected=v1, body=body, changes=lambda _r: {("step",): "done"})
     except VersionConflict:
         committed = False
     else:
@@ -355,95 +393,3 @@ def test_a_transaction_and_an_update_racing_it_have_exactly_one_winner(store: Jo
     else:
         assert stored(store, "job-x5") == {"owner": "second"}
         assert stored(store, "effect-x5") is None
-
-
-# -- transactions of async def handlers: the same, the body awaited ---------------------
-
-
-def write_other_async(
-    store: JobStore, transaction: Any, doc_id: str, fields: dict[str, Any]
-) -> None:
-    """A business write in an async transaction (Firestore's: an ``AsyncTransaction``, whose
-    documents are the async client's)."""
-    if isinstance(store, MemoryJobStore):
-        transaction.set(doc_id, fields)
-    else:
-        assert isinstance(store, FirestoreJobStore)
-        twin = async_twin(store.client)
-        transaction.set(twin.collection(store.collection).document(doc_id), fields)
-
-
-def test_every_store_runs_async_transactions(store: JobStore) -> None:
-    """``await job.transactional_step`` needs it (an ``async def`` handler's)."""
-    assert isinstance(store, AsyncTransactionalStore)
-
-
-def test_an_async_transaction_commits_the_body_s_writes_and_the_job_s_changes_together(
-    store: JobStore,
-) -> None:
-    assert isinstance(store, AsyncTransactionalStore)
-    v1 = store.create("job-a1", {"epoch": 1, "status": "running"})
-    runs: list[int] = []
-
-    async def body(transaction: Any) -> dict[str, int]:
-        await asyncio.sleep(0)  # a body that awaits: the loop goes on meanwhile
-        runs.append(1)
-        write_other_async(store, transaction, "effect-a1", {"amount": 7})
-        return {"n": 7}
-
-    result, v2 = asyncio.run(
-        store.transact_async("job-a1", expected=v1, body=body, changes=step_changes)
-    )
-    assert result == {"n": 7}
-    assert runs == [1]
-    assert v2 is not None
-    assert v2 != v1
-    snap = store.get("job-a1")
-    assert snap is not None
-    assert snap.version == v2
-    assert snap.fields["steps"] == {"s": {"result": '{"n": 7}', "epoch": 1}}
-    assert snap.fields["status"] == "running"
-    assert stored(store, "effect-a1") == {"amount": 7}
-    with pytest.raises(VersionConflict):
-        store.update("job-a1", {("epoch",): 9}, expected=v1)
-    store.update("job-a1", {("epoch",): 2}, expected=v2)
-
-
-def test_an_async_transaction_at_a_stale_version_conflicts_and_writes_nothing(
-    store: JobStore,
-) -> None:
-    assert isinstance(store, AsyncTransactionalStore)
-    v1 = store.create("job-a2", {"epoch": 1})
-    v2 = store.update("job-a2", {("epoch",): 2}, expected=v1)  # a new owner's claim
-    runs: list[int] = []
-
-    async def body(transaction: Any) -> str:
-        runs.append(1)
-        write_other_async(store, transaction, "effect-a2", {"by": "stale owner"})
-        return "stale"
-
-    with pytest.raises(VersionConflict):
-        asyncio.run(store.transact_async("job-a2", expected=v1, body=body, changes=step_changes))
-    assert runs == []  # the version is checked before the body runs
-    snap = store.get("job-a2")
-    assert snap is not None
-    assert snap.version == v2
-    assert stored(store, "job-a2") == {"epoch": 2}
-    assert store.get("effect-a2") is None
-
-
-def test_an_async_transaction_whose_body_raises_writes_nothing(store: JobStore) -> None:
-    assert isinstance(store, AsyncTransactionalStore)
-    v1 = store.create("job-a4", {"epoch": 1})
-
-    async def body(transaction: Any) -> str:
-        write_other_async(store, transaction, "effect-a4", {"amount": 1})
-        await asyncio.sleep(0)
-        raise Boom("the step failed")
-
-    with pytest.raises(Boom):
-        asyncio.run(store.transact_async("job-a4", expected=v1, body=body, changes=step_changes))
-    snap = store.get("job-a4")
-    assert snap is not None
-    assert snap.version == v1
-    assert store.get("effect-a4") is None
