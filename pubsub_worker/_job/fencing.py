@@ -31,7 +31,7 @@ from typing import Any, TypeVar, cast
 
 from pubsub_worker._support import fences
 from pubsub_worker._support.unsuspended import run_unsuspended
-from pubsub_worker.errors import LostOwnership, StoreError, VersionConflict
+from pubsub_worker.errors import LostOwnership, PermanentError, VersionConflict
 from pubsub_worker.stores import base as s
 from pubsub_worker.stores.base import JobRecord, JobStore, Status, Version
 from pubsub_worker.stores.continued import ContinuedStore, Settle, continues
@@ -266,7 +266,10 @@ class FencedDocument:
         """
         store = self._store
         if not isinstance(store, TransactionalStore):
-            raise StoreError(f"{type(store).__name__} cannot run transactional steps")
+            raise PermanentError(  # no retry can change that: to review, replayed once it can
+                f"the job store ({type(store).__name__}) cannot run transactional steps: "
+                "it has no transact()"
+            )
         all_changes = self._with_staged(changes)
 
         async def attempt(expected: Version) -> tuple[T, Version]:
@@ -290,7 +293,10 @@ class FencedDocument:
         """
         store = self._store
         if not isinstance(store, AsyncTransactionalStore):
-            raise StoreError(f"{type(store).__name__} cannot run async transactional steps")
+            raise PermanentError(
+                f"the job store ({type(store).__name__}) cannot run an async def handler's "
+                "transactional steps: it has no transact_async()"
+            )
         all_changes = self._with_staged(changes)
 
         async def attempt(expected: Version) -> tuple[T, Version]:

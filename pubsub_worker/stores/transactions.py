@@ -6,8 +6,9 @@ against the owner's version (the ``transaction`` fence,
 :mod:`pubsub_worker._support.fences`). An :class:`AsyncTransactionalStore` also runs
 the ``await job.transactional_step`` of an ``async def`` handler, its body awaited on
 the worker's event loop. Both Firestore stores and the in-memory store are both; a
-store of one's own may be either, or neither (its jobs' transactional steps then fail
-with :class:`~pubsub_worker.errors.StoreError`).
+store of one's own may be either, or neither: a transactional step it cannot run raises
+:class:`~pubsub_worker.errors.PermanentError`, and its job goes to review at once (no
+attempt would do better), to be replayed once the worker's store can.
 """
 
 from __future__ import annotations

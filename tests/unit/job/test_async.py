@@ -139,6 +139,39 @@ def test_a_stale_owner_s_async_transaction_never_lands(world: Callable[..., Worl
     assert w.store.get("effect-stale") is None
 
 
+class _NoTransactions(FlakyStore):
+    """A store of one's own without transactions: neither ``transact`` nor
+    ``transact_async`` (what the store protocols check for)."""
+
+    transact = None  # type: ignore[assignment]
+    transact_async = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_transactional_step_on_a_store_without_transactions_goes_to_review_at_once(
+    world: Callable[..., World], kind: str
+) -> None:
+    """No attempt would do better: reviewed on the first, with the store named, not retried."""
+
+    def sync_handle(message: Any, job: Any) -> None:
+        job.transactional_step("record", lambda transaction: 1)
+
+    async def async_handle(message: Any, job: AsyncJob) -> None:
+        async def record(transaction: Any) -> int:
+            return 1
+
+        await job.transactional_step("record", record)
+
+    w = world(sync_handle if kind == "sync" else async_handle, store=_NoTransactions())
+    assert w.deliver(FakeMessage(op="k")) == "ack"  # the review is the job's outcome
+    record = w.record()
+    assert (record["status"], record["reason"], record["attempts"]) == ("failed", "permanent", 1)
+    assert "_NoTransactions" in record["error"]
+    assert ("transact_async()" if kind == "async" else "transact()") in record["error"]
+    (review,) = w.reviews()
+    assert review["pubsub_worker_reason"] == "permanent"
+
+
 def test_a_cancelled_step_records_nothing(world: Callable[..., World]) -> None:
     async def cancelled() -> int:
         task = asyncio.current_task()
