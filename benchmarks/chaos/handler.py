@@ -80,7 +80,7 @@ def effect(kind: str, job: pubsub_worker.Job, **extra: Any) -> None:
 
 
 class CountingStore:
-    """A :class:`~pubsub_worker.stores.base.TransactionalStore` around the Firestore store.
+    """A :class:`~pubsub_worker.stores.transactions.TransactionalStore` around the Firestore store.
 
     Built lazily, on the first call, from the settings of the environment
     (nothing is read at import time). Counts conditional commits the store
